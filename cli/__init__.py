@@ -1,0 +1,1 @@
+"""The ``llmedge`` command line: a Typer app with one module per command group, imported lazily."""

@@ -1,0 +1,64 @@
+"""The Typer app, its command registry and the one-line error handling every command shares."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+
+from llmedge.cli import models as models_cmds
+from llmedge.cli import run as run_cmd
+from llmedge.cli import tools as tools_cmds
+
+app = typer.Typer(
+    name="llmedge",
+    help="Run quantized GGUF language models locally, token for token like llama.cpp.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command("run")(run_cmd.run)
+app.command("show")(models_cmds.show)
+app.command("pull")(models_cmds.pull)
+app.command("list")(models_cmds.list_models)
+app.command("ls", hidden=True)(models_cmds.list_models)
+app.command("rm")(models_cmds.rm)
+app.command("cp")(models_cmds.cp)
+app.command("tokenize")(tools_cmds.tokenize)
+app.command("perplexity")(tools_cmds.perplexity)
+
+
+def main() -> None:
+    """Console entry point: errors become one line on stderr and exit status 1, never a traceback."""
+    from llmedge.errors import LlmedgeError
+
+    try:
+        app(standalone_mode=False)
+    except LlmedgeError as e:
+        _fail(str(e))
+    except KeyboardInterrupt:
+        sys.stderr.write("\n")
+        sys.exit(130)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except typer.Abort:
+        _fail("aborted")
+    except Exception as e:  # click usage errors and anything unexpected: one line, no traceback
+        import click
+
+        if isinstance(e, click.ClickException):
+            e.show()
+            sys.exit(e.exit_code)
+        if os.environ.get("LLMEDGE_DEBUG"):
+            raise
+        _fail(f"{type(e).__name__}: {e}")
+
+
+def _fail(message: str) -> None:
+    sys.stderr.write(f"Error: {message}\n")
+    sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""The NumPy reference backend: every op written plainly in float32/float64 NumPy.
+
+It is the correctness baseline the other backends are tested against, not a fast path. Weights are
+dequantized once, on first use, into a float32 copy that the handle keeps (a deliberate memory-for-
+simplicity trade of the reference; the native backend keeps the GGUF blocks instead).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from llmedge.backends.base import GluKind
+from llmedge.gguf import TensorInfo
+from llmedge.quant import dequantize
+
+
+class NumpyWeight:
+    """A weight tensor with its float32 dequantization made lazily and cached."""
+
+    def __init__(self, tensor: TensorInfo) -> None:
+        self.tensor = tensor
+        self.shape = tensor.shape
+        self._f32: np.ndarray | None = None
+
+    @property
+    def f32(self) -> np.ndarray:
+        if self._f32 is None:
+            self._f32 = dequantize(self.tensor.data, self.tensor.ggml_type, self.shape)
+        return self._f32
+
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        if self._f32 is not None:
+            return self._f32[ids]
+        raw = self.tensor.rows()[ids]
+        return dequantize(raw, self.tensor.ggml_type, (len(ids), self.shape[-1]))
+
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.tanh(_SQRT_2_OVER_PI * x * (1.0 + 0.044715 * x * x)))
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+def rope_angles(positions: np.ndarray, n_rot: int, freq_base: float, freq_scale: float) -> np.ndarray:
+    """theta[p, i] = pos * freq_scale * base^(-2i/n_rot), float64 [n, n_rot/2]."""
+    inv = freq_base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
+    return np.outer(positions.astype(np.float64) * freq_scale, inv)
+
+
+class NumpyBackend:
+    """The reference implementation of :class:`llmedge.backends.base.Backend`."""
+
+    name = "numpy"
+
+    def __init__(self, n_threads: int | None = None) -> None:
+        self.n_threads = n_threads
+
+    def prepare(self, tensor: TensorInfo) -> NumpyWeight | np.ndarray:
+        if len(tensor.dims) == 1:
+            return dequantize(tensor.data, tensor.ggml_type, tensor.shape)
+        return NumpyWeight(tensor)
+
+    def matmul(self, x: np.ndarray, w: NumpyWeight) -> np.ndarray:
+        return x @ w.f32.T
+
+    def get_rows(self, w: NumpyWeight, ids: np.ndarray) -> np.ndarray:
+        return w.rows(np.asarray(ids, dtype=np.int64))
+
+    def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+        ms = np.mean(np.square(x, dtype=np.float64), axis=-1, keepdims=True)
+        return (x / np.sqrt(ms + eps)).astype(np.float32) * weight
+
+    def rope(self, x: np.ndarray, positions: np.ndarray, n_rot: int, freq_base: float,
+             freq_scale: float, neox: bool) -> np.ndarray:
+        theta = rope_angles(positions, n_rot, freq_base, freq_scale)[:, None, :]
+        cos, sin = np.cos(theta), np.sin(theta)
+        out = x.copy()
+        if neox:
+            half = n_rot // 2
+            x0, x1 = x[..., :half], x[..., half:n_rot]
+            out[..., :half] = x0 * cos - x1 * sin
+            out[..., half:n_rot] = x0 * sin + x1 * cos
+        else:
+            x0, x1 = x[..., 0:n_rot:2], x[..., 1:n_rot:2]
+            out[..., 0:n_rot:2] = x0 * cos - x1 * sin
+            out[..., 1:n_rot:2] = x0 * sin + x1 * cos
+        return out
+
+    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.ndarray,
+                  k_pos: np.ndarray, scale: float, window: int | None = None,
+                  softcap: float | None = None) -> np.ndarray:
+        n, n_head, d = q.shape
+        n_kv_head = k.shape[1]
+        group = n_head // n_kv_head
+        visible = (k_pos[None, :] <= q_pos[:, None]) & (k_pos[None, :] >= 0)
+        if window is not None:
+            visible &= (q_pos[:, None] - k_pos[None, :]) < window
+        out = np.empty((n, n_head, v.shape[2]), dtype=np.float32)
+        kf = k.astype(np.float32)
+        vf = v.astype(np.float32)
+        for h in range(n_kv_head):
+            qh = q[:, h * group : (h + 1) * group, :].transpose(1, 0, 2)  # [group, n, d]
+            s = (qh @ kf[:, h, :].T) * scale  # [group, n, t]
+            if softcap:
+                s = np.tanh(s / softcap) * softcap
+            s = np.where(visible[None], s, -np.inf)
+            s = s - s.max(axis=-1, keepdims=True)
+            p = np.exp(s)
+            p /= p.sum(axis=-1, keepdims=True)
+            out[:, h * group : (h + 1) * group, :] = (p @ vf[:, h, :]).transpose(1, 0, 2)
+        return out
+
+    def glu(self, gate: np.ndarray, up: np.ndarray, kind: GluKind) -> np.ndarray:
+        act = silu(gate) if kind == "silu" else gelu_tanh(gate)
+        return (act * up).astype(np.float32)

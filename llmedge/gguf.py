@@ -1,0 +1,331 @@
+"""The GGUF reader: a validated, zero-copy view of a GGUF file.
+
+The file is memory-mapped once. The header (metadata and tensor infos) is parsed eagerly and every
+length, count, offset and size is checked against the bytes actually present before it is used, so a
+malformed file raises one :class:`~llmedge.errors.GGUFError` saying what is wrong and at which byte
+offset, never an ``IndexError``, a ``MemoryError`` or a crash. Tensor data is exposed as NumPy views
+into the mapping (no copy). Nothing above this module parses bytes.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from llmedge.errors import GGUFError
+from llmedge.quant.traits import traits as quant_traits
+
+GGUF_MAGIC = b"GGUF"
+SUPPORTED_VERSIONS = (2, 3)
+DEFAULT_ALIGNMENT = 32
+MAX_DIMS = 4
+MAX_ARRAY_NESTING = 4
+INT64_MAX = (1 << 63) - 1
+
+# GGUF metadata value types -> (struct format, NumPy dtype); STRING (8) and ARRAY (9) are special.
+_SCALAR_TYPES: dict[int, tuple[str, str]] = {
+    0: ("<B", "uint8"),
+    1: ("<b", "int8"),
+    2: ("<H", "uint16"),
+    3: ("<h", "int16"),
+    4: ("<I", "uint32"),
+    5: ("<i", "int32"),
+    6: ("<f", "float32"),
+    7: ("<?", "bool"),
+    10: ("<Q", "uint64"),
+    11: ("<q", "int64"),
+    12: ("<d", "float64"),
+}
+_STRING, _ARRAY = 8, 9
+_TYPE_NAMES = {**{k: v[1] for k, v in _SCALAR_TYPES.items()}, _STRING: "string", _ARRAY: "array"}
+# Smallest possible encodings, used to reject absurd counts before looping over them.
+_MIN_KV_BYTES = 8 + 4 + 1
+_MIN_TENSOR_INFO_BYTES = 8 + 4 + 8 + 4 + 8
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor of a GGUF file: its name, GGML type, dimensions and raw bytes."""
+
+    name: str
+    ggml_type: int
+    dims: tuple[int, ...]  # GGUF order: dims[0] is the row length (innermost)
+    offset: int  # absolute byte offset of the data in the file
+    n_bytes: int
+    _buffer: np.ndarray
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """NumPy order (outermost first): the reverse of ``dims``."""
+        return tuple(reversed(self.dims))
+
+    @property
+    def type_name(self) -> str:
+        return quant_traits(self.ggml_type).name
+
+    @property
+    def n_elements(self) -> int:
+        n = 1
+        for d in self.dims:
+            n *= d
+        return n
+
+    @property
+    def data(self) -> np.ndarray:
+        """The raw bytes, a uint8 view into the memory map (no copy)."""
+        return self._buffer[self.offset : self.offset + self.n_bytes]
+
+    def rows(self) -> np.ndarray:
+        """The raw bytes as [n_rows, row_bytes]: one row of ``dims[0]`` values per line."""
+        n_rows = self.n_elements // self.dims[0] if self.dims[0] else 0
+        return self.data.reshape(n_rows, -1) if n_rows else self.data.reshape(0, 0)
+
+
+class _Cursor:
+    """Bounds-checked little-endian reads over the mapped bytes."""
+
+    def __init__(self, buf: memoryview, size: int) -> None:
+        self.buf = buf
+        self.size = size
+        self.pos = 0
+
+    def need(self, n: int, what: str) -> None:
+        if n < 0 or self.pos + n > self.size:
+            raise GGUFError(
+                f"truncated or corrupt file: {what} at byte {self.pos} needs {n} bytes, "
+                f"only {self.size - self.pos} left"
+            )
+
+    def scalar(self, fmt: str, what: str) -> Any:
+        n = struct.calcsize(fmt)
+        self.need(n, what)
+        (v,) = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += n
+        return v
+
+    def u32(self, what: str) -> int:
+        return self.scalar("<I", what)
+
+    def u64(self, what: str) -> int:
+        return self.scalar("<Q", what)
+
+    def string(self, what: str) -> str:
+        n = self.u64(f"length of {what}")
+        self.need(n, what)
+        raw = bytes(self.buf[self.pos : self.pos + n])
+        self.pos += n
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return raw.decode("utf-8", errors="replace")
+
+    def left(self) -> int:
+        return self.size - self.pos
+
+
+class GGUFFile:
+    """A memory-mapped, validated GGUF file.
+
+    ``metadata`` maps keys to Python values: str, int, float, bool; string arrays are ``list[str]``;
+    numeric arrays are NumPy arrays. ``tensors`` maps names to :class:`TensorInfo` in file order.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        try:
+            with open(self.path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size == 0:
+                    raise GGUFError(f"{self.path}: empty file, not a GGUF model")
+                self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except OSError as e:
+            raise GGUFError(f"{self.path}: cannot open: {e.strerror or e}") from None
+        self.file_size = size
+        self._bytes = np.frombuffer(self._mmap, dtype=np.uint8)
+        self.metadata: dict[str, Any] = {}
+        self.value_types: dict[str, str] = {}
+        self.tensors: dict[str, TensorInfo] = {}
+        try:
+            self._parse()
+        except GGUFError as e:
+            raise GGUFError(f"{self.path}: {e}") from None
+
+    # -- parsing ---------------------------------------------------------------------------------
+    def _parse(self) -> None:
+        cur = _Cursor(memoryview(self._mmap), self.file_size)
+        cur.need(4, "magic")
+        magic = bytes(cur.buf[0:4])
+        cur.pos = 4
+        if magic != GGUF_MAGIC:
+            raise GGUFError(f"not a GGUF file: magic is {magic!r}, expected b'GGUF'")
+        self.version = cur.u32("version")
+        if self.version not in SUPPORTED_VERSIONS:
+            raise GGUFError(f"unsupported GGUF version {self.version} (supported: 2, 3)")
+        n_tensors = cur.u64("tensor count")
+        n_kv = cur.u64("metadata count")
+        if n_kv * _MIN_KV_BYTES > cur.left():
+            raise GGUFError(f"metadata count {n_kv} is impossible for a file of {self.file_size} bytes")
+        if n_tensors * _MIN_TENSOR_INFO_BYTES > cur.left():
+            raise GGUFError(f"tensor count {n_tensors} is impossible for a file of {self.file_size} bytes")
+
+        for i in range(n_kv):
+            start = cur.pos
+            key = cur.string(f"key of metadata entry {i}")
+            if key in self.metadata:
+                raise GGUFError(f"duplicate metadata key '{key}' at byte {start}")
+            vtype = cur.u32(f"value type of '{key}'")
+            self.metadata[key] = self._read_value(cur, vtype, key, 0)
+            self.value_types[key] = _TYPE_NAMES[vtype]
+
+        alignment = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+        if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+            raise GGUFError(f"general.alignment must be a positive power of two, got {alignment!r}")
+        self.alignment = alignment
+
+        infos = []
+        for i in range(n_tensors):
+            start = cur.pos
+            name = cur.string(f"name of tensor {i}")
+            if name in self.tensors or any(name == n for n, *_ in infos):
+                raise GGUFError(f"duplicate tensor name '{name}' at byte {start}")
+            n_dims = cur.u32(f"rank of tensor '{name}'")
+            if not 1 <= n_dims <= MAX_DIMS:
+                raise GGUFError(f"tensor '{name}' has rank {n_dims}; ranks 1 to {MAX_DIMS} are valid")
+            dims = tuple(cur.u64(f"dimension {d} of tensor '{name}'") for d in range(n_dims))
+            ggml_type = cur.u32(f"type of tensor '{name}'")
+            offset = cur.u64(f"data offset of tensor '{name}'")
+            infos.append((name, dims, ggml_type, offset, start))
+
+        data_start = -(-cur.pos // alignment) * alignment
+        if data_start > self.file_size:
+            raise GGUFError(f"tensor data section starts at byte {data_start}, past the end of the file")
+        self.data_offset = data_start
+
+        spans = []
+        for name, dims, ggml_type, offset, start in infos:
+            try:
+                tr = quant_traits(ggml_type)
+            except (KeyError, ValueError):
+                raise GGUFError(f"tensor '{name}' (header byte {start}) has unknown GGML type {ggml_type}") from None
+            if tr.type_size == 0 or tr.block_size == 0:
+                raise GGUFError(f"tensor '{name}' has unsupported GGML type {tr.name}")
+            n_elems = 1
+            for d in dims:
+                if d > INT64_MAX:
+                    raise GGUFError(f"tensor '{name}' dimension {d} overflows int64")
+                n_elems *= d
+                if n_elems > INT64_MAX:
+                    raise GGUFError(f"tensor '{name}' dimensions {list(dims)} overflow int64 elements")
+            if dims[0] % tr.block_size:
+                raise GGUFError(
+                    f"tensor '{name}' row length {dims[0]} is not a multiple of the {tr.name} block size "
+                    f"{tr.block_size}"
+                )
+            n_bytes = n_elems // tr.block_size * tr.type_size
+            if offset % alignment:
+                raise GGUFError(f"tensor '{name}' data offset {offset} is not aligned to {alignment}")
+            abs_offset = data_start + offset
+            if abs_offset + n_bytes > self.file_size:
+                raise GGUFError(
+                    f"tensor '{name}' data ({n_bytes} bytes at byte {abs_offset}) runs past the end of the "
+                    f"file ({self.file_size} bytes)"
+                )
+            spans.append((abs_offset, n_bytes, name))
+            self.tensors[name] = TensorInfo(name, ggml_type, dims, abs_offset, n_bytes, self._bytes)
+        spans.sort()
+        for (o1, n1, a), (o2, _n2, b) in zip(spans, spans[1:]):
+            if o1 + n1 > o2:
+                raise GGUFError(f"tensors '{a}' and '{b}' overlap in the data section")
+
+    def _read_value(self, cur: _Cursor, vtype: int, key: str, depth: int) -> Any:
+        if vtype in _SCALAR_TYPES:
+            v = cur.scalar(_SCALAR_TYPES[vtype][0], f"value of '{key}'")
+            return float(v) if vtype in (6, 12) else v
+        if vtype == _STRING:
+            return cur.string(f"string value of '{key}'")
+        if vtype == _ARRAY:
+            if depth >= MAX_ARRAY_NESTING:
+                raise GGUFError(f"array value of '{key}' is nested too deeply")
+            etype = cur.u32(f"array element type of '{key}'")
+            count = cur.u64(f"array length of '{key}'")
+            if etype in _SCALAR_TYPES:
+                dtype = np.dtype(_SCALAR_TYPES[etype][1]).newbyteorder("<")
+                n = count * dtype.itemsize
+                cur.need(n, f"{count} array elements of '{key}'")
+                arr = np.frombuffer(self._mmap, dtype=dtype, count=count, offset=cur.pos)
+                cur.pos += n
+                return arr
+            if etype == _STRING:
+                if count * 8 > cur.left():
+                    raise GGUFError(f"array length {count} of '{key}' is past the end of the file")
+                return [cur.string(f"element {i} of '{key}'") for i in range(count)]
+            if etype == _ARRAY:
+                if count * 12 > cur.left():
+                    raise GGUFError(f"array length {count} of '{key}' is past the end of the file")
+                return [self._read_value(cur, _ARRAY, key, depth + 1) for _ in range(count)]
+            raise GGUFError(f"array '{key}' has unknown element type {etype}")
+        raise GGUFError(f"metadata '{key}' has unknown value type {vtype} (byte {cur.pos - 4})")
+
+    # -- typed accessors -------------------------------------------------------------------------
+    @property
+    def architecture(self) -> str:
+        return self.get_str("general.architecture")
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.metadata.get(key, default)
+
+    def _typed(self, key: str, default: Any, types: tuple[type, ...], kind: str) -> Any:
+        if key not in self.metadata:
+            if default is _REQUIRED:
+                raise GGUFError(f"{self.path}: required metadata '{key}' is missing")
+            return default
+        v = self.metadata[key]
+        if isinstance(v, bool) and bool not in types:
+            raise GGUFError(f"{self.path}: metadata '{key}' should be {kind}, got bool")
+        if not isinstance(v, types):
+            raise GGUFError(f"{self.path}: metadata '{key}' should be {kind}, got {self.value_types[key]}")
+        return v
+
+    def get_str(self, key: str, default: Any = None) -> str:
+        return self._typed(key, _REQUIRED if default is None else default, (str,), "a string")
+
+    def get_int(self, key: str, default: Any = None) -> int:
+        return self._typed(key, _REQUIRED if default is None else default, (int,), "an integer")
+
+    def get_float(self, key: str, default: Any = None) -> float:
+        v = self._typed(key, _REQUIRED if default is None else default, (int, float), "a number")
+        return float(v)
+
+    def get_bool(self, key: str, default: Any = None) -> bool:
+        return self._typed(key, _REQUIRED if default is None else default, (bool,), "a boolean")
+
+    def get_array(self, key: str, default: Any = None) -> Any:
+        return self._typed(key, _REQUIRED if default is None else default, (list, np.ndarray), "an array")
+
+    def tensor(self, name: str) -> TensorInfo:
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise GGUFError(f"{self.path}: tensor '{name}' is missing") from None
+
+    def close(self) -> None:
+        """Release the mapping (only possible once no tensor view is alive)."""
+        try:
+            self._mmap.close()
+        except BufferError:
+            pass
+
+    def __enter__(self) -> GGUFFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_REQUIRED = object()

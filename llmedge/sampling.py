@@ -1,0 +1,126 @@
+"""Token sampling: a chain of small pure steps over logits and one seeded generator per request.
+
+The order follows llama.cpp's default chain: penalties, top-k, typical, top-p, min-p, temperature,
+then a draw. A temperature of 0 (or below) is greedy: the argmax of the raw logits, nothing else.
+Each step takes and returns ``(ids, logits)`` restricted to the surviving candidates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+Candidates = tuple[np.ndarray, np.ndarray]  # (token ids, float64 logits), same length
+
+
+@dataclass
+class SamplingOptions:
+    """The options a request may set, with Ollama's names and llama.cpp's defaults."""
+
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    typical_p: float = 1.0
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+
+
+def apply_penalties(logits: np.ndarray, history: Sequence[int], repeat: float, presence: float,
+                    frequency: float) -> np.ndarray:
+    """llama.cpp's penalties over the full vocabulary: divide positive logits by ``repeat`` (multiply
+    negative ones), then subtract ``presence`` once and ``frequency`` per occurrence in ``history``."""
+    if len(history) == 0 or (repeat == 1.0 and presence == 0.0 and frequency == 0.0):
+        return logits
+    seen, counts = np.unique(np.asarray(history, dtype=np.int64), return_counts=True)
+    ok = (seen >= 0) & (seen < len(logits))
+    seen, counts = seen[ok], counts[ok]
+    out = logits.copy()
+    v = out[seen]
+    out[seen] = np.where(v > 0, v / repeat, v * repeat) - counts * frequency - presence
+    return out
+
+
+def top_k(c: Candidates, k: int) -> Candidates:
+    ids, logits = c
+    if k <= 0 or k >= len(ids):
+        return c
+    keep = np.argpartition(-logits, k - 1)[:k]
+    return ids[keep], logits[keep]
+
+
+def _sorted_probs(c: Candidates) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    ids, logits = c
+    order = np.argsort(-logits, kind="stable")
+    ids, logits = ids[order], logits[order]
+    p = np.exp(logits - logits[0])
+    return ids, logits, p / p.sum()
+
+
+def top_p(c: Candidates, p: float) -> Candidates:
+    if p >= 1.0:
+        return c
+    ids, logits, probs = _sorted_probs(c)
+    n = int(np.searchsorted(np.cumsum(probs), p) + 1)
+    return ids[:n], logits[:n]
+
+
+def min_p(c: Candidates, p: float) -> Candidates:
+    if p <= 0.0:
+        return c
+    ids, logits = c
+    keep = logits >= logits.max() + np.log(p)
+    return ids[keep], logits[keep]
+
+
+def typical(c: Candidates, p: float) -> Candidates:
+    """Locally typical sampling: keep tokens whose surprise is closest to the entropy, mass ``p``."""
+    if p >= 1.0:
+        return c
+    ids, logits, probs = _sorted_probs(c)
+    logp = np.log(np.maximum(probs, 1e-300))
+    entropy = -np.sum(probs * logp)
+    order = np.argsort(np.abs(-logp - entropy), kind="stable")
+    n = int(np.searchsorted(np.cumsum(probs[order]), p) + 1)
+    keep = order[:n]
+    return ids[keep], logits[keep]
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    e = np.exp(logits - logits.max())
+    return e / e.sum()
+
+
+class Sampler:
+    """One request's sampler: the option chain plus its own seeded random generator."""
+
+    def __init__(self, options: SamplingOptions | None = None) -> None:
+        self.options = o = options or SamplingOptions()
+        self.rng = np.random.default_rng(o.seed)
+
+    @property
+    def greedy(self) -> bool:
+        return self.options.temperature <= 0.0
+
+    def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
+        o = self.options
+        # repeat_last_n: 0 disables the penalties' window, -1 means the whole history (llama.cpp)
+        n = len(history) if o.repeat_last_n < 0 else o.repeat_last_n
+        recent = history[max(0, len(history) - n):] if n else ()
+        full = apply_penalties(logits.astype(np.float64), recent, o.repeat_penalty, o.presence_penalty,
+                               o.frequency_penalty)
+        if self.greedy:
+            return int(np.argmax(full))
+        c: Candidates = (np.arange(len(full)), full)
+        c = top_k(c, o.top_k)
+        c = typical(c, o.typical_p)
+        c = top_p(c, o.top_p)
+        c = min_p(c, o.min_p)
+        ids, logits = c
+        probs = softmax(logits / o.temperature)
+        return int(ids[self.rng.choice(len(ids), p=probs)])

@@ -1,0 +1,24 @@
+"""The architecture registry: one module per ``general.architecture``, loaded on demand."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from llmedge.errors import ModelError
+
+ARCHITECTURES = {
+    "llama": "llmedge.models.llama",
+    "gemma3": "llmedge.models.gemma3",
+}
+
+
+def model_class(arch: str) -> Any:
+    """The ``Model`` class for an architecture name, or a clear error listing what is supported."""
+    try:
+        module = ARCHITECTURES[arch]
+    except KeyError:
+        raise ModelError(
+            f"architecture '{arch}' is not supported (supported: {', '.join(sorted(ARCHITECTURES))})"
+        ) from None
+    return importlib.import_module(module).Model

@@ -1,0 +1,205 @@
+/* Internal definitions shared by every llmedge native source file: GGUF block layouts (identical
+ * to ggml's), half/bfloat16 conversions, the per-ISA kernel table types and the thread pool API.
+ *
+ * The block layouts and kernel arithmetic follow ggml (MIT, Copyright (c) 2023-2024 The ggml
+ * authors) so that dot products agree with llama.cpp.
+ */
+#ifndef LLE_COMMON_H
+#define LLE_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+
+#include "llmedge_api.h"
+
+#if defined(__GNUC__)
+#define LLE_INLINE static inline __attribute__((always_inline))
+#define LLE_RESTRICT __restrict__
+#else
+#define LLE_INLINE static inline
+#define LLE_RESTRICT
+#endif
+
+#if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
+#define LLE_X86 1
+#endif
+#if defined(__aarch64__)
+#define LLE_ARM64 1
+#endif
+
+/* ---- GGML type ids (gguf-py GGMLQuantizationType) ---- */
+enum {
+    T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8, T_Q8_1 = 9,
+    T_Q2_K = 10, T_Q3_K = 11, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_Q8_K = 15,
+    T_IQ4_NL = 20, T_IQ4_XS = 23, T_BF16 = 30, T_COUNT = 40
+};
+
+enum { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_NEON = 3, ISA_COUNT = 4 };
+
+enum {
+    LLE_CPU_AVX2 = 1 << 0, LLE_CPU_FMA = 1 << 1, LLE_CPU_F16C = 1 << 2, LLE_CPU_AVX512F = 1 << 3,
+    LLE_CPU_AVX512BW = 1 << 4, LLE_CPU_AVX512VL = 1 << 5, LLE_CPU_AVX512VNNI = 1 << 6,
+    LLE_CPU_AVX512BF16 = 1 << 7, LLE_CPU_NEON = 1 << 8, LLE_CPU_DOTPROD = 1 << 9,
+    LLE_CPU_I8MM = 1 << 10, LLE_CPU_AVX512DQ = 1 << 11
+};
+
+#define QK 32
+#define QK_K 256
+
+typedef uint16_t lle_half;
+
+typedef struct { lle_half d; uint8_t qs[QK / 2]; } block_q4_0;
+typedef struct { lle_half d; lle_half m; uint8_t qs[QK / 2]; } block_q4_1;
+typedef struct { lle_half d; uint8_t qh[4]; uint8_t qs[QK / 2]; } block_q5_0;
+typedef struct { lle_half d; lle_half m; uint8_t qh[4]; uint8_t qs[QK / 2]; } block_q5_1;
+typedef struct { lle_half d; int8_t qs[QK]; } block_q8_0;
+typedef struct { lle_half d; lle_half s; int8_t qs[QK]; } block_q8_1;
+typedef struct { uint8_t scales[QK_K / 16]; uint8_t qs[QK_K / 4]; lle_half d; lle_half dmin; } block_q2_K;
+typedef struct { uint8_t hmask[QK_K / 8]; uint8_t qs[QK_K / 4]; uint8_t scales[12]; lle_half d; } block_q3_K;
+typedef struct { lle_half d; lle_half dmin; uint8_t scales[12]; uint8_t qs[QK_K / 2]; } block_q4_K;
+typedef struct { lle_half d; lle_half dmin; uint8_t scales[12]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2]; } block_q5_K;
+typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; lle_half d; } block_q6_K;
+typedef struct { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; } block_q8_K;
+typedef struct { lle_half d; uint8_t qs[QK / 2]; } block_iq4_nl;
+typedef struct { lle_half d; uint16_t scales_h; uint8_t scales_l[QK_K / 64]; uint8_t qs[QK_K / 2]; } block_iq4_xs;
+
+_Static_assert(sizeof(block_q4_0) == 18, "q4_0");
+_Static_assert(sizeof(block_q4_1) == 20, "q4_1");
+_Static_assert(sizeof(block_q5_0) == 22, "q5_0");
+_Static_assert(sizeof(block_q5_1) == 24, "q5_1");
+_Static_assert(sizeof(block_q8_0) == 34, "q8_0");
+_Static_assert(sizeof(block_q8_1) == 36, "q8_1");
+_Static_assert(sizeof(block_q2_K) == 84, "q2_K");
+_Static_assert(sizeof(block_q3_K) == 110, "q3_K");
+_Static_assert(sizeof(block_q4_K) == 144, "q4_K");
+_Static_assert(sizeof(block_q5_K) == 176, "q5_K");
+_Static_assert(sizeof(block_q6_K) == 210, "q6_K");
+_Static_assert(sizeof(block_q8_K) == 292, "q8_K");
+_Static_assert(sizeof(block_iq4_nl) == 18, "iq4_nl");
+_Static_assert(sizeof(block_iq4_xs) == 136, "iq4_xs");
+
+extern const int8_t lle_kvalues_iq4nl[16];
+
+/* ---- half and bfloat16 (bit-exact with ggml's scalar conversions) ---- */
+LLE_INLINE float lle_f32_from_bits(uint32_t w) { float f; memcpy(&f, &w, 4); return f; }
+LLE_INLINE uint32_t lle_f32_to_bits(float f) { uint32_t w; memcpy(&w, &f, 4); return w; }
+
+LLE_INLINE float lle_fp16_to_fp32(lle_half h) {
+    const uint32_t w = (uint32_t)h << 16;
+    const uint32_t sign = w & UINT32_C(0x80000000);
+    const uint32_t two_w = w + w;
+    const uint32_t exp_offset = UINT32_C(0xE0) << 23;
+    const float exp_scale = 0x1.0p-112f;
+    const float normalized_value = lle_f32_from_bits((two_w >> 4) + exp_offset) * exp_scale;
+    const uint32_t magic_mask = UINT32_C(126) << 23;
+    const float magic_bias = 0.5f;
+    const float denormalized_value = lle_f32_from_bits((two_w >> 17) | magic_mask) - magic_bias;
+    const uint32_t denormalized_cutoff = UINT32_C(1) << 27;
+    const uint32_t result = sign | (two_w < denormalized_cutoff ? lle_f32_to_bits(denormalized_value)
+                                                                : lle_f32_to_bits(normalized_value));
+    return lle_f32_from_bits(result);
+}
+
+LLE_INLINE lle_half lle_fp32_to_fp16(float f) {
+    const float scale_to_inf = 0x1.0p+112f;
+    const float scale_to_zero = 0x1.0p-110f;
+    float base = (fabsf(f) * scale_to_inf) * scale_to_zero;
+    const uint32_t w = lle_f32_to_bits(f);
+    const uint32_t shl1_w = w + w;
+    const uint32_t sign = w & UINT32_C(0x80000000);
+    uint32_t bias = shl1_w & UINT32_C(0xFF000000);
+    if (bias < UINT32_C(0x71000000)) bias = UINT32_C(0x71000000);
+    base = lle_f32_from_bits((bias >> 1) + UINT32_C(0x07800000)) + base;
+    const uint32_t bits = lle_f32_to_bits(base);
+    const uint32_t exp_bits = (bits >> 13) & UINT32_C(0x00007C00);
+    const uint32_t mantissa_bits = bits & UINT32_C(0x00000FFF);
+    const uint32_t nonsign = exp_bits + mantissa_bits;
+    return (lle_half)((sign >> 16) | (shl1_w > UINT32_C(0xFF000000) ? UINT16_C(0x7E00) : nonsign));
+}
+
+LLE_INLINE float lle_bf16_to_fp32(uint16_t h) { return lle_f32_from_bits((uint32_t)h << 16); }
+
+LLE_INLINE uint16_t lle_fp32_to_bf16(float s) {
+    const uint32_t i = lle_f32_to_bits(s);
+    if ((i & 0x7fffffff) > 0x7f800000) return (uint16_t)((i >> 16) | 64);
+    return (uint16_t)((i + (0x7fff + ((i >> 16) & 1))) >> 16);
+}
+
+#define FP16(x) lle_fp16_to_fp32(x)
+
+/* ---- kernel table ---- */
+/* dequantize `k` values (k a multiple of the block size) */
+typedef void (*lle_to_float_fn)(const void *LLE_RESTRICT x, float *LLE_RESTRICT y, int64_t k);
+/* quantize `k` floats to the activation type */
+typedef void (*lle_from_float_fn)(const float *LLE_RESTRICT x, void *LLE_RESTRICT y, int64_t k);
+/* *s = dot(weight row vx, activation row vy) over k values */
+typedef void (*lle_vec_dot_fn)(int k, float *LLE_RESTRICT s, const void *LLE_RESTRICT vx,
+                               const void *LLE_RESTRICT vy);
+/* out[i*ldo + j] = dot(act row i, weight row j), i < nr (<= 4), j < nc */
+typedef void (*lle_tile_fn)(int k, const void *w, size_t w_stride, int nc, const void *a, size_t a_stride,
+                            int nr, float *out, size_t ldo);
+
+typedef struct {
+    lle_to_float_fn to_float;
+    lle_from_float_fn from_float;   /* only for activation types */
+    lle_vec_dot_fn vec_dot;         /* only for weight types */
+    lle_tile_fn tile;               /* optional multi-row kernel */
+} lle_kernels;
+
+typedef struct {
+    int block_size;
+    int type_size;
+    int vec_type;
+    const char *name;
+} lle_traits;
+
+extern const lle_traits lle_type_traits[T_COUNT];
+extern lle_kernels lle_kernels_scalar[T_COUNT];
+extern lle_kernels lle_kernels_avx2[T_COUNT];
+extern lle_kernels lle_kernels_avx512[T_COUNT];
+extern lle_kernels lle_kernels_neon[T_COUNT];
+
+void lle_register_scalar(void);
+void lle_register_avx2(void);
+void lle_register_avx512(void);
+void lle_register_neon(void);
+
+/* ---- float op kernels (per ISA) ---- */
+typedef struct {
+    /* y = silu(x) * g  or  gelu(x) * g over n values */
+    void (*swiglu)(int n, float *y, const float *x, const float *g);
+    void (*geglu)(int n, float *y, const float *x, const float *g);
+    /* dot of a float row with a half row (k values) and with a float row */
+    float (*dot_f32_f16)(int n, const float *x, const lle_half *y);
+    float (*dot_f32_f32)(int n, const float *x, const float *y);
+    /* y += a * x, x half or float */
+    void (*axpy_f16)(int n, float *y, float a, const lle_half *x);
+    void (*axpy_f32)(int n, float *y, float a, const float *x);
+    /* y[i] = exp(x[i] - max), returns sum (double accumulation) */
+    double (*softmax_exp)(int n, float *y, const float *x, float max);
+} lle_op_kernels;
+
+extern lle_op_kernels lle_ops_scalar;
+extern lle_op_kernels lle_ops_avx2;
+extern const lle_op_kernels *lle_ops;   /* selected */
+
+/* gelu lookup table (ggml GGML_GELU_FP16): gelu(fp16 x) rounded to fp16 */
+extern lle_half lle_gelu_table[65536];
+
+/* ---- thread pool ---- */
+typedef void (*lle_task_fn)(void *ctx, int ith, int nth);
+void lle_pool_run(lle_task_fn fn, void *ctx);   /* run fn on all threads (caller is thread 0) */
+int lle_pool_threads(void);
+int lle_pool_create(int n_threads);
+void lle_pool_destroy(void);
+void lle_pool_set_spin_us(int us);
+void lle_pool_register_atfork(void);
+
+/* dynamic scheduling inside one pool run: counters live in the task context */
+LLE_INLINE int64_t lle_next_chunk(int64_t *counter) {
+    return __atomic_fetch_add(counter, 1, __ATOMIC_RELAXED);
+}
+
+#endif

@@ -1,0 +1,54 @@
+/* Public C API of llmedge._native (plain declarations only: this file is also the cffi cdef).
+ *
+ * Conventions: weights are raw GGUF blocks, one row of `k` values after another (row stride =
+ * lle_row_size(type, k) bytes unless a stride is given); activations are float32, row-major.
+ * Every entry point takes the library lock, so calls from several Python threads serialize.
+ */
+
+/* ---- library state ---- */
+int lle_init(int n_threads);                 /* (re)create the thread pool; returns the thread count */
+int lle_n_threads(void);
+int lle_cpu_features(void);                  /* bit mask of LLE_CPU_* (see common.h) */
+int lle_isa(void);                           /* 0 scalar, 1 avx2, 2 avx512, 3 neon */
+int lle_set_isa(int isa);                    /* force an ISA no higher than the CPU's; returns it or -1 */
+int lle_isa_available(int isa);
+int lle_physical_cores(void);
+void lle_set_spin_us(int us);                /* how long idle workers spin before they sleep */
+
+/* ---- type traits ---- */
+int lle_type_supported(int type);
+int lle_block_size(int type);
+int lle_type_size(int type);
+int lle_vec_type(int type);                  /* the activation type a weight type pairs with */
+int lle_kernel_isa(int type);                /* ISA of the vec_dot kernel selected for `type` */
+long long lle_row_size(int type, long long k);
+
+/* ---- quantized products ---- */
+/* out[i*ldo + j] = dot(x row i, weight row j) for i < n, j < m; x is [n, k] float32 */
+int lle_matmul(int type, const void *w, long long w_stride, long long m, long long k,
+               const float *x, long long n, float *out, long long ldo);
+/* rows ids[0..n) of a [*, k] weight, dequantized into out [n, k] */
+int lle_get_rows(int type, const void *w, long long w_stride, long long k,
+                 const int *ids, long long n, float *out);
+/* dequantize `n_rows` consecutive rows */
+int lle_dequantize(int type, const void *w, long long n_rows, long long k, float *out);
+/* quantize float rows x [n, k] to `type` (Q8_0, Q8_1, Q8_K, F16, BF16, F32 activations) */
+int lle_quantize_act(int type, const float *x, long long n, long long k, void *out);
+/* one dot product of a weight row of `type` with an activation row already in vec_type */
+int lle_vec_dot(int type, long long k, const void *w_row, const void *act_row, float *out);
+
+/* ---- other ops (float32 in/out, C-contiguous unless strides are given) ---- */
+int lle_rms_norm(const float *x, const float *w, long long n, long long d, float eps, float *out);
+int lle_rope(const float *x, const int *pos, long long n, long long n_head, long long head_dim,
+             int n_rot, float freq_base, float freq_scale, int neox, const float *freq_factors,
+             float *out);
+int lle_softmax(const float *x, long long n, long long d, float scale, float *out);
+int lle_attention(const float *q, long long n, long long n_head, long long d,
+                  const void *k, const void *v, int kv_f16, long long t, long long n_kv,
+                  long long k_stride_t, long long k_stride_h, long long v_stride_t, long long v_stride_h,
+                  const int *q_pos, const int *k_pos, float scale, int window, float softcap,
+                  float *out);
+int lle_glu(const float *gate, const float *up, long long n, int kind, float *out);
+int lle_add(const float *a, const float *b, long long n, float *out);
+int lle_scale(const float *x, float s, long long n, float *out);
+int lle_softcap(const float *x, float cap, long long n, float *out);

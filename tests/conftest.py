@@ -1,0 +1,39 @@
+"""Shared fixtures: the two real models, pulled once through llmedge's own store and cached.
+
+The store is the user's default one (or ``$LLMEDGE_MODELS``), so a second run downloads nothing.
+A failed pull fails the tests that need the model: nothing here skips.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _pull(name: str) -> Path:
+    from llmedge.store import Store
+
+    return Store().pull(name)
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    return _pull("smollm2:135m")
+
+
+@pytest.fixture(scope="session")
+def gemma3_path() -> Path:
+    return _pull("gemma3:270m")
+
+
+@pytest.fixture(scope="session")
+def model_paths(smollm2_path: Path, gemma3_path: Path) -> dict[str, Path]:
+    return {"smollm2": smollm2_path, "gemma3": gemma3_path}
+
+
+def load_fixture(name: str) -> dict:
+    return json.loads((FIXTURES / name).read_text(encoding="utf-8"))

@@ -1,0 +1,159 @@
+"""The GGUF reader: real files parse to the right metadata and tensors; malformed files fail clearly."""
+
+from __future__ import annotations
+
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+from llmedge.errors import GGUFError
+from llmedge.gguf import GGUFFile
+
+
+def write_small_gguf(path: Path) -> Path:
+    """A small valid GGUF: a few typed metadata values and two tensors (F32 and Q8_0)."""
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_uint32("test.count", 7)
+    w.add_float32("test.eps", 1e-5)
+    w.add_bool("test.flag", True)
+    w.add_string("test.name", "tiny")
+    w.add_array("test.tokens", ["a", "bé", "🙂"])
+    w.add_array("test.scores", [0.5, -1.0, 2.0])
+    rng = np.random.default_rng(0)
+    w.add_tensor("vec.weight", rng.standard_normal(64).astype(np.float32))
+    q = gguf.quants.quantize(rng.standard_normal((4, 64)).astype(np.float32), gguf.GGMLQuantizationType.Q8_0)
+    w.add_tensor("mat.weight", q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture
+def small(tmp_path: Path) -> Path:
+    return write_small_gguf(tmp_path / "small.gguf")
+
+
+def test_reads_typed_metadata_and_tensors(small: Path) -> None:
+    g = GGUFFile(small)
+    assert g.version == 3
+    assert g.architecture == "llama"
+    assert g.get_int("test.count") == 7
+    assert g.get_float("test.eps") == pytest.approx(1e-5)
+    assert g.get_bool("test.flag") is True
+    assert g.get_str("test.name") == "tiny"
+    assert g.get_array("test.tokens") == ["a", "bé", "🙂"]
+    assert np.allclose(g.get_array("test.scores"), [0.5, -1.0, 2.0])
+    mat = g.tensor("mat.weight")
+    assert mat.dims == (64, 4) and mat.shape == (4, 64) and mat.type_name == "Q8_0"
+    assert mat.n_bytes == 4 * 34 and mat.rows().shape == (4, 34)
+    ref = gguf.GGUFReader(str(small))
+    want = {t.name: bytes(t.data.tobytes()) for t in ref.tensors}
+    assert bytes(mat.data) == want["mat.weight"]
+    assert bytes(g.tensor("vec.weight").data) == want["vec.weight"]
+
+
+def test_typed_accessor_rejects_wrong_type(small: Path) -> None:
+    g = GGUFFile(small)
+    with pytest.raises(GGUFError, match="test.name.*integer"):
+        g.get_int("test.name")
+    with pytest.raises(GGUFError, match="missing"):
+        g.get_int("no.such.key")
+    assert g.get_int("no.such.key", 3) == 3
+
+
+def test_real_models_match_gguf_package(model_paths: dict[str, Path]) -> None:
+    for path in model_paths.values():
+        g = GGUFFile(path)
+        ref = gguf.GGUFReader(str(path))
+        assert len(g.tensors) == len(ref.tensors)
+        for t in ref.tensors[:40]:
+            mine = g.tensors[t.name]
+            assert mine.type_name == t.tensor_type.name
+            assert mine.dims == tuple(int(d) for d in t.shape)
+            assert mine.offset == t.data_offset
+        assert len(g.get_array("tokenizer.ggml.tokens")) == len(ref.fields["tokenizer.ggml.tokens"].data)
+
+
+def _tensor_info_offset(data: bytes, name: str) -> int:
+    """Byte offset of the rank field that follows tensor ``name`` in the header."""
+    key = struct.pack("<Q", len(name)) + name.encode()
+    return data.index(key) + len(key)
+
+
+def _corrupt(small: Path, tmp_path: Path, how: str) -> Path:
+    data = bytearray(small.read_bytes())
+    if how == "bad magic":
+        data[0:4] = b"GGUX"
+    elif how == "unknown version":
+        data[4:8] = struct.pack("<I", 99)
+    elif how == "truncated header":
+        data = data[:40]
+    elif how == "string length past the end":
+        data[24:32] = struct.pack("<Q", 1 << 40)  # length of the first key
+    elif how == "tensor data past the end":
+        data = data[: len(data) - 100]
+    elif how == "absurd tensor count":
+        data[8:16] = struct.pack("<Q", 1 << 60)
+    elif how == "dimension overflow":
+        at = _tensor_info_offset(bytes(data), "mat.weight")
+        data[at + 4 : at + 20] = struct.pack("<QQ", 1 << 62, 1 << 62)
+    elif how == "unknown tensor type":
+        at = _tensor_info_offset(bytes(data), "mat.weight")
+        data[at + 20 : at + 24] = struct.pack("<I", 1000)
+    elif how == "misaligned tensor offset":
+        at = _tensor_info_offset(bytes(data), "mat.weight")
+        off = struct.unpack_from("<Q", data, at + 24)[0]
+        data[at + 24 : at + 32] = struct.pack("<Q", off + 1)
+    elif how == "empty file":
+        data = bytearray()
+    out = tmp_path / f"{how.replace(' ', '_')}.gguf"
+    out.write_bytes(bytes(data))
+    return out
+
+
+CASES = {
+    "bad magic": "not a GGUF file",
+    "unknown version": "unsupported GGUF version 99",
+    "truncated header": "truncated",
+    "string length past the end": "needs 1099511627776 bytes",
+    "tensor data past the end": "runs past the end",
+    "absurd tensor count": "tensor count",
+    "dimension overflow": "overflow",
+    "unknown tensor type": "unknown GGML type 1000",
+    "misaligned tensor offset": "not aligned",
+    "empty file": "empty file",
+}
+
+
+@pytest.mark.parametrize("how", list(CASES))
+def test_malformed_file_raises_one_clear_error(small: Path, tmp_path: Path, how: str) -> None:
+    bad = _corrupt(small, tmp_path, how)
+    with pytest.raises(GGUFError, match=CASES[how]) as info:
+        GGUFFile(bad)
+    assert str(bad) in str(info.value)
+
+
+CLI_CASES = ["bad magic", "unknown version", "truncated header", "string length past the end",
+             "tensor data past the end", "absurd tensor count", "dimension overflow"]
+
+
+@pytest.mark.parametrize("command", ["run", "show"])
+@pytest.mark.parametrize("how", CLI_CASES)
+def test_cli_reports_malformed_file_in_one_line(small: Path, tmp_path: Path, how: str, command: str) -> None:
+    bad = _corrupt(small, tmp_path, how)
+    args = [sys.executable, "-m", "llmedge.cli.main", command, str(bad)]
+    if command == "run":
+        args.append("hello")
+    r = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("Error: ") and CASES[how] in lines[0]
+    assert "Traceback" not in r.stderr and r.stdout == ""
