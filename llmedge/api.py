@@ -60,14 +60,7 @@ class Model:
             return [int(t) for t in prompt]
         if raw:
             return self.tokenize(prompt, add_bos=True, special=True)
-        return self._templated_ids(self.apply_chat_template([{"role": "user", "content": prompt}]))
-
-    def _templated_ids(self, text: str) -> list[int]:
-        ids = self.tokenize(text, add_bos=True, special=True)
-        bos = self.tokenizer.bos_id
-        if len(ids) >= 2 and bos is not None and ids[0] == bos and ids[1] == bos:
-            ids = ids[1:]  # the template wrote BOS itself: never feed it twice
-        return ids
+        return self.template.encode([{"role": "user", "content": prompt}])
 
     # -- evaluation ------------------------------------------------------------------------------
     def logits(self, ids: Sequence[int]) -> np.ndarray:
@@ -88,8 +81,7 @@ class Model:
         return self.engine.generate(self.prompt_ids(prompt, raw), sampler, max_tokens, tuple(stop))
 
     def chat(self, messages: list[dict[str, Any]], **options: Any) -> Iterator[Chunk]:
-        ids = self._templated_ids(self.apply_chat_template(messages))
-        return self.generate(ids, **options)
+        return self.generate(self.template.encode(messages), **options)
 
     @property
     def timings(self) -> Timings:
