@@ -27,7 +27,7 @@ KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 3
 
 # Output floats produced per chunk of blocks: big enough to amortize NumPy call overhead, small
 # enough that a chunk's temporaries stay in the L2 cache.
-_CHUNK_VALUES = 1 << 16
+_CHUNK_VALUES = 1 << 17
 
 _Kernel = Callable[[np.ndarray, np.ndarray], None]
 
@@ -263,13 +263,12 @@ _KERNELS: dict[T, _Kernel] = {
 DEQUANTIZABLE: frozenset[T] = frozenset({T.F32, T.F16, T.BF16, *_KERNELS})
 
 
-def _as_bytes(raw: np.ndarray, n_bytes: int, what: str) -> np.ndarray:
+def _flat_bytes(raw: np.ndarray | bytes | bytearray | memoryview) -> np.ndarray:
+    """The bytes of ``raw`` as a flat uint8 array (a view when ``raw`` is contiguous)."""
+    if isinstance(raw, (bytes, bytearray, memoryview)):
+        return np.frombuffer(raw, dtype=np.uint8)
     buf = np.ascontiguousarray(raw).reshape(-1)
-    if buf.dtype != np.uint8:
-        buf = buf.view(np.uint8)
-    if buf.size != n_bytes:
-        raise ValueError(f"{what} needs {n_bytes} bytes, got {buf.size}")
-    return buf
+    return buf if buf.dtype == np.uint8 else buf.view(np.uint8)
 
 
 def dequantize(raw: np.ndarray, ggml_type: T | int | str, shape: Sequence[int]) -> np.ndarray:
@@ -290,7 +289,10 @@ def dequantize(raw: np.ndarray, ggml_type: T | int | str, shape: Sequence[int]) 
     n_rows = 1
     for s in shape[:-1]:
         n_rows *= s
-    buf = _as_bytes(raw, n_rows * row_nbytes(gt, shape[-1]), f"a {gt.name} tensor of shape {shape}")
+    buf = _flat_bytes(raw)
+    n_bytes = n_rows * row_nbytes(gt, shape[-1])
+    if buf.size != n_bytes:
+        raise ValueError(f"a {gt.name} tensor of shape {shape} has {n_bytes} bytes, got {buf.size}")
     if gt == T.F32:
         return buf.view(np.float32).reshape(shape)
     if gt == T.F16:
@@ -318,9 +320,7 @@ def dequantize_rows(
     """
     gt = as_ggml_type(ggml_type)
     rb = row_nbytes(gt, n_per_row)
-    buf = np.ascontiguousarray(raw).reshape(-1)
-    if buf.dtype != np.uint8:
-        buf = buf.view(np.uint8)
+    buf = _flat_bytes(raw)
     if rb == 0 or buf.size % rb:
         raise ValueError(f"{buf.size} bytes are not a whole number of {gt.name} rows of {n_per_row} values")
     ids = np.asarray(rows, dtype=np.int64).reshape(-1)
