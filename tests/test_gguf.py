@@ -52,7 +52,7 @@ def test_reads_typed_metadata_and_tensors(small: Path) -> None:
     assert np.allclose(g.get_array("test.scores"), [0.5, -1.0, 2.0])
     mat = g.tensor("mat.weight")
     assert mat.dims == (64, 4) and mat.shape == (4, 64) and mat.type_name == "Q8_0"
-    assert mat.n_bytes == 4 * 34 and mat.rows().shape == (4, 34)
+    assert mat.n_bytes == 4 * 2 * 34 and mat.rows().shape == (4, 68)
     ref = gguf.GGUFReader(str(small))
     want = {t.name: bytes(t.data.tobytes()) for t in ref.tensors}
     assert bytes(mat.data) == want["mat.weight"]

@@ -13,7 +13,8 @@ import numpy as np
 
 from llmedge.backends.base import GluKind
 from llmedge.gguf import TensorInfo
-from llmedge.quant import dequantize
+from llmedge.quant import GGMLQuantizationType as T
+from llmedge.quant import dequantize, quantize, traits
 
 
 class NumpyWeight:
@@ -22,6 +23,7 @@ class NumpyWeight:
     def __init__(self, tensor: TensorInfo) -> None:
         self.tensor = tensor
         self.shape = tensor.shape
+        self.vec_dot_type = traits(tensor.ggml_type).vec_dot_type
         self._f32: np.ndarray | None = None
 
     @property
@@ -37,11 +39,27 @@ class NumpyWeight:
         return dequantize(raw, self.tensor.ggml_type, (len(ids), self.shape[-1]))
 
 
+def round_activations(x: np.ndarray, vec_dot_type: T) -> np.ndarray:
+    """Activations as ggml's CPU product sees them: quantized to the weight type's partner
+    (Q8_0/Q8_1/Q8_K, or rounded to F16/BF16) and back, so the reference rounds where llama.cpp does."""
+    if vec_dot_type == T.F32:
+        return x
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    return dequantize(quantize(x, vec_dot_type, variant="x86"), vec_dot_type, x.shape)
+
+
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(_SQRT_2_OVER_PI * x * (1.0 + 0.044715 * x * x)))
+
+
+def gelu_ggml(x: np.ndarray) -> np.ndarray:
+    """ggml's CPU GELU: input and output pass through F16 (its lookup table), identity past +-10."""
+    x16 = x.astype(np.float16).astype(np.float32)
+    y = gelu_tanh(x16).astype(np.float16).astype(np.float32)
+    return np.where(x <= -10.0, np.float32(0.0), np.where(x >= 10.0, x, y))
 
 
 def silu(x: np.ndarray) -> np.ndarray:
@@ -68,7 +86,7 @@ class NumpyBackend:
         return NumpyWeight(tensor)
 
     def matmul(self, x: np.ndarray, w: NumpyWeight) -> np.ndarray:
-        return x @ w.f32.T
+        return round_activations(x, w.vec_dot_type) @ w.f32.T
 
     def get_rows(self, w: NumpyWeight, ids: np.ndarray) -> np.ndarray:
         return w.rows(np.asarray(ids, dtype=np.int64))
@@ -105,6 +123,9 @@ class NumpyBackend:
         out = np.empty((n, n_head, v.shape[2]), dtype=np.float32)
         kf = k.astype(np.float32)
         vf = v.astype(np.float32)
+        # ggml multiplies an F16 cache by activations rounded to F16 (its F16 vec_dot partner)
+        half = (lambda a: a.astype(np.float16).astype(np.float32)) if k.dtype == np.float16 else (lambda a: a)
+        q = half(q)
         for h in range(n_kv_head):
             qh = q[:, h * group : (h + 1) * group, :].transpose(1, 0, 2)  # [group, n, d]
             s = (qh @ kf[:, h, :].T) * scale  # [group, n, t]
@@ -114,9 +135,9 @@ class NumpyBackend:
             s = s - s.max(axis=-1, keepdims=True)
             p = np.exp(s)
             p /= p.sum(axis=-1, keepdims=True)
-            out[:, h * group : (h + 1) * group, :] = (p @ vf[:, h, :]).transpose(1, 0, 2)
+            out[:, h * group : (h + 1) * group, :] = (half(p) @ vf[:, h, :]).transpose(1, 0, 2)
         return out
 
     def glu(self, gate: np.ndarray, up: np.ndarray, kind: GluKind) -> np.ndarray:
-        act = silu(gate) if kind == "silu" else gelu_tanh(gate)
+        act = silu(gate) if kind == "silu" else gelu_ggml(gate)
         return (act * up).astype(np.float32)
