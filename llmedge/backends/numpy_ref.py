@@ -7,6 +7,7 @@ simplicity trade of the reference; the native backend keeps the GGUF blocks inst
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -32,6 +33,13 @@ class NumpyWeight:
             self._f32 = dequantize(self.tensor.data, self.tensor.ggml_type, self.shape)
         return self._f32
 
+    @functools.cached_property
+    def block_mins(self) -> np.ndarray:
+        """The F16 ``m`` of each block of a Q4_1/Q5_1 weight (bytes 2-3 of the block), [rows, blocks]."""
+        raw = self.tensor.rows()
+        bs = traits(self.tensor.ggml_type).type_size
+        return raw.reshape(raw.shape[0], -1, bs)[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+
     def rows(self, ids: np.ndarray) -> np.ndarray:
         if self._f32 is not None:
             return self._f32[ids]
@@ -46,6 +54,18 @@ def round_activations(x: np.ndarray, vec_dot_type: T) -> np.ndarray:
         return x
     x = np.ascontiguousarray(x, dtype=np.float32)
     return dequantize(quantize(x, vec_dot_type, variant="x86"), vec_dot_type, x.shape)
+
+
+def q8_1_product(x: np.ndarray, w: NumpyWeight) -> np.ndarray:
+    """x times a Q4_1/Q5_1 weight as ggml computes it: per block ``d_w*d_x*sum(q_w*q_x) + m_w*s_x``,
+    where the activation block sum ``s_x`` is stored as F16 in the Q8_1 block (not the exact sum)."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    n, k = x.shape
+    blocks = quantize(x, T.Q8_1, variant="x86").reshape(n, k // 32, 36)
+    xq = dequantize(blocks, T.Q8_1, x.shape)
+    s16 = blocks[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    exact = xq.reshape(n, k // 32, 32).sum(axis=2)
+    return xq @ w.f32.T + (s16 - exact) @ w.block_mins.T
 
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -86,6 +106,8 @@ class NumpyBackend:
         return NumpyWeight(tensor)
 
     def matmul(self, x: np.ndarray, w: NumpyWeight) -> np.ndarray:
+        if w.vec_dot_type == T.Q8_1:
+            return q8_1_product(x, w)
         return round_activations(x, w.vec_dot_type) @ w.f32.T
 
     def get_rows(self, w: NumpyWeight, ids: np.ndarray) -> np.ndarray:
