@@ -1,4 +1,11 @@
-"""``llmedge run``: one-shot generation with a prompt (or piped stdin), else a simple chat loop."""
+"""``llmedge run``: one-shot generation with a prompt (or piped stdin), else the interactive chat.
+
+With a prompt, or else the whole of stdin when stdin or stdout is not a terminal, the answer is
+streamed; when stdout is not a terminal it is exactly the answer and a newline (no colours, no
+spinner), so it pipes. On a terminal the answer is shown as Markdown (see :mod:`llmedge.cli.chat`),
+except with ``--raw``. Without a prompt, stdin and stdout both terminals, the chat of
+:mod:`llmedge.cli.chat` starts. ``--verbose`` timings go to stderr.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +23,8 @@ def run(
     raw: Annotated[bool, typer.Option("--raw", help="Feed the prompt without the chat template.")] = False,
     temperature: Annotated[float, typer.Option(help="Sampling temperature; 0 is greedy.")] = 0.8,
     seed: Annotated[int | None, typer.Option(help="Random seed for reproducible sampling.")] = None,
-    num_predict: Annotated[int, typer.Option("--num-predict", help="Tokens to generate (-1: until EOS).")] = -1,
+    num_predict: Annotated[int, typer.Option("--num-predict",
+                                             help="Tokens to generate (-1: until EOS).")] = -1,
     top_k: Annotated[int, typer.Option("--top-k")] = 40,
     top_p: Annotated[float, typer.Option("--top-p")] = 0.95,
     min_p: Annotated[float, typer.Option("--min-p")] = 0.05,
@@ -31,14 +39,29 @@ def run(
     m = load_with_progress(model, backend=backend, n_ctx=ctx, n_threads=threads)
     options = dict(temperature=temperature, seed=seed, top_k=top_k, top_p=top_p, min_p=min_p,
                    max_tokens=num_predict)
-    if prompt is None and not sys.stdin.isatty():
-        prompt = sys.stdin.read()
+    if prompt is None and not (sys.stdin.isatty() and sys.stdout.isatty()):
+        prompt = sys.stdin.read()  # piped in, or the answer is redirected: one answer, no chat
     if prompt is not None:
-        _stream(m.generate(prompt, raw=raw, **options))
+        chunks = m.generate(prompt, raw=raw, **options)
+        pretty = sys.stdout.isatty() and not raw
+        if pretty:
+            _show(chunks)
+        else:
+            _stream(chunks)
         if verbose:
+            if pretty:
+                sys.stderr.write("\n")
             print_timings(m.timings)
         return
-    _chat_loop(m, options, verbose)
+    from llmedge.cli.chat import chat
+
+    params = dict(temperature=temperature, seed=seed, top_k=top_k, top_p=top_p, min_p=min_p,
+                  num_predict=num_predict)
+
+    def reload(n_ctx: int):
+        return load_with_progress(model, backend=backend, n_ctx=n_ctx, n_threads=threads)
+
+    chat(m, params, verbose=verbose, reload=reload)
 
 
 def _stream(chunks) -> str:
@@ -53,28 +76,17 @@ def _stream(chunks) -> str:
     return "".join(out)
 
 
-def _chat_loop(m, options: dict, verbose: bool) -> None:
-    messages: list[dict[str, str]] = []
-    while True:
-        try:
-            line = input(">>> ")
-        except EOFError:
-            sys.stdout.write("\n")
-            return
-        if line.strip() in ("/bye", "/exit"):
-            return
-        if not line.strip():
-            continue
-        messages.append({"role": "user", "content": line})
-        try:
-            answer = _stream(m.chat(messages, **options))
-        except KeyboardInterrupt:
-            sys.stdout.write("\n")
-            messages.pop()
-            continue
-        messages.append({"role": "assistant", "content": answer})
-        if verbose:
-            print_timings(m.timings)
+def _show(chunks) -> str:
+    """The answer on a terminal: spinner, live Markdown, then the whole answer as Markdown."""
+    from rich.console import Console
+
+    from llmedge.cli.chat import AnswerView
+
+    with AnswerView(Console(highlight=False), markdown=True, blank_line=False) as view:
+        for chunk in chunks:
+            if chunk.text:
+                view.add(chunk.text)
+    return view.text
 
 
 def print_timings(t) -> None:

@@ -1,0 +1,274 @@
+"""``llmedge run`` without a terminal (pipes, errors, --verbose) and the chat's logic run headless.
+
+The piped answer must be exactly what the API generates; errors are one line on stderr with exit
+status 1. The chat's commands, sessions, context fitting and Ctrl-C handling are driven through
+:class:`llmedge.cli.chat.ChatSession` with a console writing into a buffer.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from llmedge.cli.chat import ChatSession, needs_more, parse_parameter, session_path, unwrap
+from llmedge.engine import Chunk
+from llmedge.errors import LlmedgeError
+
+
+def _run(args: list[str], tmp_path: Path, stdin: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "LLMEDGE_MODELS": str(tmp_path / "store")}
+    return subprocess.run([sys.executable, "-m", "llmedge.cli.main", "run", *args], input=stdin,
+                          capture_output=True, text=True, env=env, timeout=120,
+                          stdin=None if stdin is not None else subprocess.DEVNULL)
+
+
+@pytest.fixture(scope="module")
+def model(smollm2_path: Path):
+    import llmedge
+
+    return llmedge.load(str(smollm2_path), n_ctx=1024)
+
+
+def _session(model, tmp_path: Path, **kw) -> tuple[ChatSession, io.StringIO]:
+    out = io.StringIO()
+    return ChatSession(model, Console(file=out, width=100, color_system=None), sessions=tmp_path / "sessions",
+                       out=out, **kw), out
+
+
+# -- the command line, piped -----------------------------------------------------------------------
+
+def test_piped_prompt_prints_exactly_the_answer(smollm2_path: Path, model, tmp_path: Path):
+    prompt = "Why is the sky blue?\n"
+    want = "".join(c.text for c in model.generate(prompt, temperature=0, max_tokens=24)) + "\n"
+    res = _run([str(smollm2_path), "--temperature", "0", "--num-predict", "24"], tmp_path, stdin=prompt)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == want
+    assert res.stderr == ""  # no spinner, no colours when nothing is a terminal
+
+
+def test_prompt_argument_and_verbose_timings(smollm2_path: Path, model, tmp_path: Path):
+    want = "".join(c.text for c in model.generate("Say hi.", temperature=0, max_tokens=12)) + "\n"
+    res = _run([str(smollm2_path), "Say hi.", "--temperature", "0", "--num-predict", "12", "--verbose"],
+               tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == want  # the timings do not go to stdout
+    labels = [line.split(":")[0] for line in res.stderr.splitlines()]
+    assert labels == ["total duration", "load duration", "prompt eval count", "prompt eval duration",
+                      "prompt eval rate", "eval count", "eval duration", "eval rate"]
+    assert "eval count:           12 token(s)" in res.stderr
+
+
+def test_unknown_model_is_one_line_error(tmp_path: Path):
+    res = _run(["nosuchmodel:7b", "hi"], tmp_path)
+    assert res.returncode == 1
+    assert res.stdout == ""
+    assert len(res.stderr.splitlines()) == 1
+    assert res.stderr.startswith("Error: model 'nosuchmodel:7b' not found")
+
+
+@pytest.mark.parametrize("content", ["garbage", "truncated"])
+def test_malformed_file_is_one_line_error(smollm2_path: Path, tmp_path: Path, content: str):
+    bad = tmp_path / "bad.gguf"
+    if content == "garbage":
+        bad.write_bytes(b"this is not a model\n" * 10)
+    else:
+        with open(smollm2_path, "rb") as f:
+            bad.write_bytes(f.read(300_000))
+    res = _run([str(bad), "hi"], tmp_path)
+    assert res.returncode == 1
+    assert res.stdout == ""
+    assert len(res.stderr.splitlines()) == 1 and res.stderr.startswith("Error: "), res.stderr
+    assert "Traceback" not in res.stderr
+
+
+# -- input parsing ---------------------------------------------------------------------------------
+
+def test_multiline_input_rules():
+    assert needs_more('"""') and needs_more('"""first line\nsecond')
+    assert not needs_more('"""one line"""') and not needs_more('"""\na\nb\n"""')
+    assert needs_more('/set system """You are\nterse') and not needs_more('/set system """terse"""')
+    assert not needs_more("plain text") and not needs_more('a """ inside')
+    assert unwrap('"""\nline one\nline two\n"""') == "line one\nline two"
+    assert unwrap('"""one"""') == "one"
+    assert unwrap('"Be brief."') == "Be brief."
+
+
+def test_session_names_are_validated(tmp_path: Path):
+    assert session_path("s1", tmp_path) == tmp_path / "s1.json"
+    assert session_path("my.chat-2_b", tmp_path).name == "my.chat-2_b.json"
+    for bad in ("../x", "a/b", "", ".hidden", "a..b", "x" * 65, "/etc/passwd", "a\\b", "-rf"):
+        with pytest.raises(LlmedgeError, match="invalid session name"):
+            session_path(bad, tmp_path)
+
+
+def test_parameters_are_typed():
+    assert parse_parameter("temperature", ["0"]) == 0.0
+    assert parse_parameter("top_k", ["20"]) == 20 and isinstance(parse_parameter("seed", ["7"]), int)
+    assert parse_parameter("stop", ["<|im_end|>", "###"]) == ["<|im_end|>", "###"]
+    with pytest.raises(LlmedgeError, match="unknown parameter 'nope'"):
+        parse_parameter("nope", ["1"])
+    with pytest.raises(LlmedgeError, match="invalid int value 'x'"):
+        parse_parameter("num_predict", ["x"])
+    with pytest.raises(LlmedgeError, match="missing value"):
+        parse_parameter("top_p", [])
+
+
+# -- the chat, headless ----------------------------------------------------------------------------
+
+def test_set_and_show_commands(model, tmp_path: Path):
+    s, out = _session(model, tmp_path)
+    s.handle("/set parameter temperature 0")
+    s.handle('/set parameter stop "<|im_end|>" "two words"')
+    s.handle("/set parameter top_k banana")
+    s.handle('/set system "You answer in French."')
+    s.handle("/show system")
+    s.handle("/show parameters")
+    s.handle("/show template")
+    text = out.getvalue()
+    assert "Set parameter 'temperature' to '0'\n" in text
+    assert "Set parameter 'stop' to '<|im_end|>, two words'\n" in text
+    assert "Couldn't set parameter: invalid int value 'banana' for parameter 'top_k'\n" in text
+    assert "Set system message.\nYou answer in French.\n" in text
+    assert "User defined parameters:\ntemperature                    0\nstop" in text
+    assert model.template.source in text
+    assert s.generation_options()["stop"] == ["<|im_end|>", "two words"]
+    assert s.conversation() == [{"role": "system", "content": "You answer in French."}]
+    assert s.handle("/bye") is False and s.handle("/exit") is False
+
+
+def test_save_load_restores_the_conversation_and_the_next_turn_is_fast(smollm2_path: Path, model,
+                                                                        tmp_path: Path):
+    import llmedge
+
+    s, out = _session(model, tmp_path)
+    s.handle("/set parameter temperature 0")
+    s.handle("/set parameter num_predict 16")
+    s.handle("/set system Be brief.")
+    assert s.ask("Name a fruit.") and s.ask("Name a vegetable.")
+    s.handle("/save lunch")
+    assert "Saved session 'lunch' (4 messages)" in out.getvalue()
+    data = json.loads((tmp_path / "sessions" / "lunch.json").read_text())
+    assert data["messages"] == s.messages and data["system"] == "Be brief."
+    assert data["parameters"] == {"num_predict": 16, "temperature": 0.0}
+
+    assert data["state"] == "lunch.state" and (tmp_path / "sessions" / "lunch.state").is_file()
+
+    # A fresh model: the KV state comes back with the conversation, the next turn evaluates only itself.
+    fresh = llmedge.load(str(smollm2_path), n_ctx=1024)
+    s2, out2 = _session(fresh, tmp_path)
+    s2.handle("/load lunch")
+    text = out2.getvalue()
+    assert s2.messages == s.messages and s2.system == "Be brief." and s2.params["num_predict"] == 16
+    assert ">>> Name a fruit.\n" in text and "Loaded session 'lunch' (4 messages; KV state restored)" in text
+    history = len(fresh.template.encode(s2.conversation(), add_generation_prompt=False))
+    assert s2.ask("And a drink?")
+    assert fresh.timings.prompt_eval_count < 20 < history
+
+    # A damaged state file: refused in one line, the history is evaluated instead; still fast after.
+    state = tmp_path / "sessions" / "lunch.state"
+    state.write_bytes(state.read_bytes()[:1000])
+    other = llmedge.load(str(smollm2_path), n_ctx=1024)
+    s3, out3 = _session(other, tmp_path)
+    s3.handle("/load lunch")
+    text = out3.getvalue()
+    assert "(the KV state could not be restored: " in text
+    assert f"Loaded session 'lunch' (4 messages; history evaluated: {history} tokens in " in text
+    assert s3.ask("And a drink?")
+    assert other.timings.prompt_eval_count < 20 < history
+
+    s2.handle("/load nothing-here")
+    s2.handle("/load ../lunch")
+    (tmp_path / "sessions" / "broken.json").write_text("{not json")
+    s2.handle("/load broken")
+    text = out2.getvalue()
+    assert "Error: no session named 'nothing-here' (saved sessions: lunch)" in text
+    assert "Error: invalid session name '../lunch'" in text
+    assert "Error: session file" in text and "is damaged" in text
+
+
+def test_old_messages_left_out_when_the_context_is_full(model, tmp_path: Path):
+    s, out = _session(model, tmp_path)
+    s.handle("/set parameter num_predict 8")
+    long = "word " * 200
+    for i in range(6):
+        s.messages += [{"role": "user", "content": f"{i} {long}"}, {"role": "assistant", "content": "ok"}]
+    s.messages.append({"role": "user", "content": "Now say hi."})
+    ids, dropped = s.prompt_ids()
+    assert dropped > 0 and dropped % 2 == 0
+    assert len(ids) + 8 <= model.n_ctx
+    assert ids == model.template.encode(s.messages[dropped:])
+
+
+def test_num_ctx_reloads_the_model(model, tmp_path: Path):
+    s, out = _session(model, tmp_path)
+    s.handle("/set parameter num_ctx 512")
+    assert s.model is not model and s.model.n_ctx == 512
+    assert "Set parameter 'num_ctx' to '512'" in out.getvalue()
+
+
+class _FakeModel:
+    """Streams numbered words and sends itself SIGINT after ``interrupt_after`` chunks (None: never)."""
+
+    def __init__(self, interrupt_after: int | None, n_ctx: int = 4096) -> None:
+        self.interrupt_after = interrupt_after
+        self.n_ctx = n_ctx
+        self.produced = 0
+        self.template = self
+
+    def encode(self, messages, add_generation_prompt: bool = True):
+        return [1] * (1 + sum(len(m["content"]) for m in messages))
+
+    def generate(self, ids, **options):
+        for i in range(200):
+            if self.interrupt_after is not None and i == self.interrupt_after:
+                os.kill(os.getpid(), signal.SIGINT)
+            self.produced += 1
+            yield Chunk(i, f"w{i} ")
+
+
+@pytest.mark.parametrize("after", [0, 5])
+def test_ctrl_c_stops_the_answer_and_the_chat_goes_on(tmp_path: Path, after: int):
+    fake = _FakeModel(after)
+    s, out = _session(fake, tmp_path)
+    previous = signal.getsignal(signal.SIGINT)
+    assert s.ask("Tell me a story.") is None if after == 0 else s.ask("Tell me a story.") == (
+        "".join(f"w{i} " for i in range(after + 1)))
+    assert signal.getsignal(signal.SIGINT) is previous  # the handler is put back
+    if after == 0:
+        assert s.messages == []  # nothing was answered: the question is dropped too
+    else:
+        # A Ctrl-C once text streams stops at the next token; the partial answer stays in the chat.
+        assert fake.produced == after + 1
+        assert [m["role"] for m in s.messages] == ["user", "assistant"]
+    fake.interrupt_after = None
+    assert s.ask("Go on.") == "".join(f"w{i} " for i in range(200))
+
+
+def test_answer_view_is_plain_text_off_a_terminal():
+    from llmedge.cli.chat import AnswerView
+
+    out = io.StringIO()
+    with AnswerView(Console(file=io.StringIO()), out=out) as view:
+        for piece in ("# Title", "\n\n**bold** ", "`code`"):
+            view.add(piece)
+    assert out.getvalue() == "# Title\n\n**bold** `code`\n\n"  # no Markdown, no escapes
+    assert view.text == "# Title\n\n**bold** `code`"
+
+
+def test_live_view_renders_only_the_tail_never_from_inside_a_code_block():
+    from llmedge.cli.chat import _tail_source
+
+    paragraphs = "\n\n".join(f"paragraph {i}" for i in range(100))
+    tail = _tail_source(paragraphs, 10)
+    assert paragraphs.endswith(tail) and tail.startswith("paragraph ") and 10 <= len(tail.split("\n")) < 13
+    code = "intro\n\n```python\n" + "\n\n".join(f"x{i} = {i}" for i in range(50)) + "\n```\n\nafter\n\nend"
+    assert _tail_source(code, 10).startswith("```python\n")  # blank lines in code are not block starts
+    assert _tail_source("short\n\ntext", 10) == "short\n\ntext"
