@@ -9,6 +9,7 @@ import typer
 
 from llmedge.cli import models as models_cmds
 from llmedge.cli import run as run_cmd
+from llmedge.cli import serve as serve_cmd
 from llmedge.cli import tools as tools_cmds
 
 app = typer.Typer(
@@ -19,6 +20,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.command("run")(run_cmd.run)
+app.command("serve")(serve_cmd.serve)
 app.command("show")(models_cmds.show)
 app.command("pull")(models_cmds.pull)
 app.command("list")(models_cmds.list_models)

@@ -1,0 +1,41 @@
+"""``llmedge serve``: run the Ollama- and OpenAI-compatible REST server (uvicorn, graceful shutdown)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from llmedge.cli.options import BackendOpt, Threads
+
+
+def serve(
+    host: Annotated[str | None, typer.Option("--host", help="Address to bind (LLMEDGE_HOST; 127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option("--port", help="Port (default 11434).")] = None,
+    parallel: Annotated[int | None, typer.Option("--parallel", help="Request slots (LLMEDGE_NUM_PARALLEL; 4).")
+                        ] = None,
+    max_queue: Annotated[int | None, typer.Option("--max-queue", help="Waiting requests before 503 "
+                                                                      "(LLMEDGE_MAX_QUEUE; 64).")] = None,
+    insecure: Annotated[bool, typer.Option("--insecure", help="Allow a non-loopback bind without "
+                                                              "LLMEDGE_API_KEY.")] = False,
+    backend: BackendOpt = "auto",
+    threads: Threads = None,
+) -> None:
+    """Serve Ollama's API (/api/...) and OpenAI's (/v1/...) on 127.0.0.1:11434."""
+    import uvicorn
+
+    from llmedge.errors import LlmedgeError
+    from llmedge.server.app import config_from_env, create_app
+    from llmedge.server.security import is_loopback_host
+
+    config = config_from_env(host=host, port=port, parallel=parallel, max_queue=max_queue, backend=backend,
+                             n_threads=threads, announce=True)
+    if not is_loopback_host(config.host) and not config.api_key and not insecure:
+        raise LlmedgeError(f"refusing to listen on {config.host} without LLMEDGE_API_KEY; set a key or pass "
+                           "--insecure")
+    if not 0 < config.port < 65536:
+        raise LlmedgeError(f"invalid port {config.port}")
+    app = create_app(config)
+    typer.echo(f"llmedge serving on http://{config.host}:{config.port} (Ctrl+C to stop)", err=True)
+    uvicorn.run(app, host=config.host, port=config.port, log_level="warning", timeout_graceful_shutdown=5,
+                lifespan="on")
