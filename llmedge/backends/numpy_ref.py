@@ -87,9 +87,15 @@ def silu(x: np.ndarray) -> np.ndarray:
 
 
 def rope_angles(positions: np.ndarray, n_rot: int, freq_base: float, freq_scale: float) -> np.ndarray:
-    """theta[p, i] = pos * freq_scale * base^(-2i/n_rot), float64 [n, n_rot/2]."""
-    inv = freq_base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
-    return np.outer(positions.astype(np.float64) * freq_scale, inv)
+    """theta[p, i] = pos * freq_scale * base^(-2i/n_rot), float32 [n, n_rot/2], computed as ggml does:
+    the per-pair factor advances by repeated float32 multiplication (ggml_rope_cache_init)."""
+    theta_scale = np.float32(np.float32(freq_base) ** np.float32(-2.0 / n_rot))
+    theta = positions.astype(np.float32)
+    out = np.empty((len(positions), n_rot // 2), dtype=np.float32)
+    for i in range(n_rot // 2):
+        out[:, i] = np.float32(freq_scale) * theta
+        theta = theta * theta_scale
+    return out
 
 
 class NumpyBackend:
@@ -150,9 +156,10 @@ class NumpyBackend:
         q = half(q)
         for h in range(n_kv_head):
             qh = q[:, h * group : (h + 1) * group, :].transpose(1, 0, 2)  # [group, n, d]
-            s = (qh @ kf[:, h, :].T) * scale  # [group, n, t]
-            if softcap:
+            s = qh @ kf[:, h, :].T  # [group, n, t]
+            if softcap:  # llama.cpp without flash attention: cap the raw scores, then scale
                 s = np.tanh(s / softcap) * softcap
+            s = s * scale
             s = np.where(visible[None], s, -np.inf)
             s = s - s.max(axis=-1, keepdims=True)
             p = np.exp(s)
