@@ -82,6 +82,12 @@ _Static_assert(sizeof(block_iq4_xs) == 136, "iq4_xs");
 
 extern const int8_t lle_kvalues_iq4nl[16];
 
+/* How Q8_0/Q8_1 activations are rounded: ggml's *_ref (1/d, half away from zero), its x86 AVX path
+ * (127/amax, half to even) or its ARM NEON path (1/d, half to even). llama.cpp quantizes
+ * activations with the path of the CPU it runs on; the default here is the host's. */
+enum { LLE_ROUND_REF = 0, LLE_ROUND_X86 = 1, LLE_ROUND_ARM = 2 };
+extern int lle_act_rounding;
+
 /* ---- half and bfloat16 (bit-exact with ggml's scalar conversions) ---- */
 LLE_INLINE float lle_f32_from_bits(uint32_t w) { float f; memcpy(&f, &w, 4); return f; }
 LLE_INLINE uint32_t lle_f32_to_bits(float f) { uint32_t w; memcpy(&w, &f, 4); return w; }
@@ -137,15 +143,39 @@ typedef void (*lle_from_float_fn)(const float *LLE_RESTRICT x, void *LLE_RESTRIC
 /* *s = dot(weight row vx, activation row vy) over k values */
 typedef void (*lle_vec_dot_fn)(int k, float *LLE_RESTRICT s, const void *LLE_RESTRICT vx,
                                const void *LLE_RESTRICT vy);
-/* out[i*ldo + j] = dot(act row i, weight row j), i < nr (<= 4), j < nc */
+/* out[i*ldo + j] = dot(act row i, weight row j), i < nr (<= 4), j < nc; `sc`: the float block
+ * scales of the 4-row activation group, interleaved by row (d[nb][4], then s[nb][4] for Q8_1) */
 typedef void (*lle_tile_fn)(int k, const void *w, size_t w_stride, int nc, const void *a, size_t a_stride,
-                            int nr, float *out, size_t ldo);
+                            const float *sc, int nr, float *out, size_t ldo);
+
+/* out[j] = dot(weight row j, act) for j < nr: the decode kernel. `as` holds float copies of the
+ * activation block scales (d[nb], then s[nb] for Q8_1), made once per activation row by act_scales */
+typedef void (*lle_gemv_fn)(int k, const void *w, size_t w_stride, int nr, const void *a, const float *as,
+                            float *out);
+/* the float block scales of one activation row (activation types with f16 scales) */
+typedef void (*lle_act_scales_fn)(int k, const void *a, float *scales);
 
 typedef struct {
     lle_to_float_fn to_float;
     lle_from_float_fn from_float;   /* only for activation types */
+    lle_act_scales_fn act_scales;   /* only for activation types */
+    /* only Q8_K: the quantizer of llama.cpp's repacked GEMM (ggml_quantize_mat_q8_K_4x8), which
+     * settles an abs-max tie between signs differently */
+    lle_from_float_fn from_float_r8;
     lle_vec_dot_fn vec_dot;         /* only for weight types */
+    lle_gemv_fn gemv;               /* optional: several weight rows, one activation row */
     lle_tile_fn tile;               /* optional multi-row kernel */
+    /* optional dot product for several activation rows (llama.cpp uses llamafile's tinyBLAS there,
+     * with another summation order); float types only when m % 4 == 0 and k % 8 == 0 */
+    lle_vec_dot_fn vec_dot_batch;
+    /* optional: llama.cpp's orders for repacked weights (CPU_REPACK), used when m % 8 == 0: its
+     * GEMM's for the first n - n % 4 activation rows when n > 3, its GEMV's for the others */
+    lle_vec_dot_fn vec_dot_r8;
+    lle_vec_dot_fn vec_dot_r8_gemm;
+    lle_tile_fn tile_r8_gemm;       /* 4-row tile of the GEMM order */
+    /* optional: llama.cpp's tiled K-quant GEMM order, used for 8 or more activation rows */
+    lle_vec_dot_fn vec_dot_tiled;
+    lle_tile_fn tile_tiled;         /* 4-row tile of the tiled order */
 } lle_kernels;
 
 typedef struct {
@@ -167,18 +197,33 @@ void lle_register_avx512(void);
 void lle_register_neon(void);
 
 /* ---- float op kernels (per ISA) ---- */
+
+/* one attention problem: q [n, n_head, d] over t cells of k/v (f16 or f32, strides in elements) */
+typedef struct {
+    const float *q; int64_t n, n_head, d;
+    const uint8_t *k, *v; int kv_f16; int64_t t, n_kv;
+    int64_t ks_t, ks_h, vs_t, vs_h;
+    const int *q_pos, *k_pos;
+    float scale; int window; float softcap;
+    float *out;
+} lle_attn_args;
+
+/* floats of scratch one attention row needs */
+LLE_INLINE int64_t lle_attn_scratch_floats(int64_t t, int64_t d) {
+    const int64_t tp = (t + 31) & ~(int64_t)31;
+    return 2 * tp + 33 * (d + 8) + 64;
+}
+
 typedef struct {
     /* y = silu(x) * g  or  gelu(x) * g over n values */
     void (*swiglu)(int n, float *y, const float *x, const float *g);
     void (*geglu)(int n, float *y, const float *x, const float *g);
-    /* dot of a float row with a half row (k values) and with a float row */
-    float (*dot_f32_f16)(int n, const float *x, const lle_half *y);
-    float (*dot_f32_f32)(int n, const float *x, const float *y);
-    /* y += a * x, x half or float */
-    void (*axpy_f16)(int n, float *y, float a, const lle_half *x);
-    void (*axpy_f32)(int n, float *y, float a, const float *x);
     /* y[i] = exp(x[i] - max), returns sum (double accumulation) */
     double (*softmax_exp)(int n, float *y, const float *x, float max);
+    /* rotate one head: pairs (i0, i0+1) or NeoX (i0/2, i0/2 + n_rot/2) by cache[i0] = cos, cache[i0+1] = sin */
+    void (*rope_head)(const float *src, float *dst, const float *cache, int n_rot, int neox);
+    /* attention of query row i, head h into a->out (scratch: lle_attn_scratch_floats floats) */
+    void (*attn_row)(const lle_attn_args *a, int64_t i, int64_t h, float *scratch);
 } lle_op_kernels;
 
 extern lle_op_kernels lle_ops_scalar;
@@ -195,7 +240,7 @@ int lle_pool_threads(void);
 int lle_pool_create(int n_threads);
 void lle_pool_destroy(void);
 void lle_pool_set_spin_us(int us);
-void lle_pool_register_atfork(void);
+void lle_pool_atfork_child(void);
 
 /* dynamic scheduling inside one pool run: counters live in the task context */
 LLE_INLINE int64_t lle_next_chunk(int64_t *counter) {

@@ -12,8 +12,9 @@ int lle_cpu_features(void);                  /* bit mask of LLE_CPU_* (see commo
 int lle_isa(void);                           /* 0 scalar, 1 avx2, 2 avx512, 3 neon */
 int lle_set_isa(int isa);                    /* force an ISA no higher than the CPU's; returns it or -1 */
 int lle_isa_available(int isa);
-int lle_physical_cores(void);
 void lle_set_spin_us(int us);                /* how long idle workers spin before they sleep */
+int lle_act_rounding_mode(void);             /* Q8_0/Q8_1 activation rounding: 0 ref, 1 x86, 2 arm */
+int lle_set_act_rounding(int mode);          /* returns the mode, or -1 if invalid */
 
 /* ---- type traits ---- */
 int lle_type_supported(int type);

@@ -32,31 +32,51 @@ lle_kernels lle_kernels_scalar[T_COUNT];
 
 /* ======================= activation quantizers (ggml quantize_row_*_ref) ======================= */
 
+#if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
+int lle_act_rounding = LLE_ROUND_X86;
+#elif defined(__aarch64__)
+int lle_act_rounding = LLE_ROUND_ARM;
+#else
+int lle_act_rounding = LLE_ROUND_REF;
+#endif
+
+/* the per-block multiplier and rounding of the selected variant */
+LLE_INLINE float q8_inverse_scale(float amax, float d, int mode) {
+    if (mode == LLE_ROUND_X86) return amax != 0.0f ? 127.f / amax : 0.0f;
+    return d ? 1.0f / d : 0.0f;
+}
+
+LLE_INLINE int8_t q8_round(float v, int mode) {
+    return (int8_t)(mode == LLE_ROUND_REF ? roundf(v) : nearbyintf(v));
+}
+
 static void quantize_q8_0(const float *LLE_RESTRICT x, void *LLE_RESTRICT vy, int64_t k) {
     block_q8_0 *y = vy;
     const int64_t nb = k / QK;
+    const int mode = lle_act_rounding;
     for (int64_t i = 0; i < nb; i++) {
         float amax = 0.0f;
         for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(x[i * QK + j]));
         const float d = amax / ((1 << 7) - 1);
-        const float id = d ? 1.0f / d : 0.0f;
+        const float id = q8_inverse_scale(amax, d, mode);
         y[i].d = lle_fp32_to_fp16(d);
-        for (int j = 0; j < QK; ++j) y[i].qs[j] = (int8_t)roundf(x[i * QK + j] * id);
+        for (int j = 0; j < QK; ++j) y[i].qs[j] = q8_round(x[i * QK + j] * id, mode);
     }
 }
 
 static void quantize_q8_1(const float *LLE_RESTRICT x, void *LLE_RESTRICT vy, int64_t k) {
     block_q8_1 *y = vy;
     const int64_t nb = k / QK;
+    const int mode = lle_act_rounding;
     for (int64_t i = 0; i < nb; i++) {
         float amax = 0.0f;
         for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(x[i * QK + j]));
         const float d = amax / ((1 << 7) - 1);
-        const float id = d ? 1.0f / d : 0.0f;
+        const float id = q8_inverse_scale(amax, d, mode);
         y[i].d = lle_fp32_to_fp16(d);
         int sum = 0;
         for (int j = 0; j < QK; ++j) {
-            y[i].qs[j] = (int8_t)roundf(x[i * QK + j] * id);
+            y[i].qs[j] = q8_round(x[i * QK + j] * id, mode);
             sum += y[i].qs[j];
         }
         y[i].s = lle_fp32_to_fp16(sum * d);
@@ -113,6 +133,20 @@ static void quantize_bf16(const float *LLE_RESTRICT x, void *LLE_RESTRICT vy, in
 
 static void quantize_f32(const float *LLE_RESTRICT x, void *LLE_RESTRICT vy, int64_t k) {
     memcpy(vy, x, (size_t)k * sizeof(float));
+}
+
+static void act_scales_q8_0(int k, const void *a, float *scales) {
+    const block_q8_0 *y = a;
+    for (int i = 0; i < k / QK; i++) scales[i] = FP16(y[i].d);
+}
+
+static void act_scales_q8_1(int k, const void *a, float *scales) {
+    const block_q8_1 *y = a;
+    const int nb = k / QK;
+    for (int i = 0; i < nb; i++) {
+        scales[i] = FP16(y[i].d);
+        scales[nb + i] = FP16(y[i].s);
+    }
 }
 
 /* ======================= dequantization (ggml dequantize_row_*) ======================= */
@@ -753,21 +787,22 @@ static void vec_dot_iq4_xs(int n, float *LLE_RESTRICT s, const void *LLE_RESTRIC
 
 void lle_register_scalar(void) {
     lle_kernels *t = lle_kernels_scalar;
-    t[T_F32] = (lle_kernels){dequant_f32, quantize_f32, vec_dot_f32, NULL};
-    t[T_F16] = (lle_kernels){dequant_f16, quantize_f16, vec_dot_f16, NULL};
-    t[T_BF16] = (lle_kernels){dequant_bf16, quantize_bf16, vec_dot_bf16, NULL};
-    t[T_Q4_0] = (lle_kernels){dequant_q4_0, NULL, vec_dot_q4_0, NULL};
-    t[T_Q4_1] = (lle_kernels){dequant_q4_1, NULL, vec_dot_q4_1, NULL};
-    t[T_Q5_0] = (lle_kernels){dequant_q5_0, NULL, vec_dot_q5_0, NULL};
-    t[T_Q5_1] = (lle_kernels){dequant_q5_1, NULL, vec_dot_q5_1, NULL};
-    t[T_Q8_0] = (lle_kernels){dequant_q8_0, quantize_q8_0, vec_dot_q8_0, NULL};
-    t[T_Q8_1] = (lle_kernels){dequant_q8_1, quantize_q8_1, NULL, NULL};
-    t[T_Q8_K] = (lle_kernels){dequant_q8_K, quantize_q8_K, NULL, NULL};
-    t[T_Q2_K] = (lle_kernels){dequant_q2_K, NULL, vec_dot_q2_K, NULL};
-    t[T_Q3_K] = (lle_kernels){dequant_q3_K, NULL, vec_dot_q3_K, NULL};
-    t[T_Q4_K] = (lle_kernels){dequant_q4_K, NULL, vec_dot_q4_K, NULL};
-    t[T_Q5_K] = (lle_kernels){dequant_q5_K, NULL, vec_dot_q5_K, NULL};
-    t[T_Q6_K] = (lle_kernels){dequant_q6_K, NULL, vec_dot_q6_K, NULL};
-    t[T_IQ4_NL] = (lle_kernels){dequant_iq4_nl, NULL, vec_dot_iq4_nl, NULL};
-    t[T_IQ4_XS] = (lle_kernels){dequant_iq4_xs, NULL, vec_dot_iq4_xs, NULL};
+    t[T_F32] = (lle_kernels){.to_float = dequant_f32, .from_float = quantize_f32, .vec_dot = vec_dot_f32};
+    t[T_F16] = (lle_kernels){.to_float = dequant_f16, .from_float = quantize_f16, .vec_dot = vec_dot_f16};
+    t[T_BF16] = (lle_kernels){.to_float = dequant_bf16, .from_float = quantize_bf16, .vec_dot = vec_dot_bf16};
+    t[T_Q4_0] = (lle_kernels){.to_float = dequant_q4_0, .vec_dot = vec_dot_q4_0};
+    t[T_Q4_1] = (lle_kernels){.to_float = dequant_q4_1, .vec_dot = vec_dot_q4_1};
+    t[T_Q5_0] = (lle_kernels){.to_float = dequant_q5_0, .vec_dot = vec_dot_q5_0};
+    t[T_Q5_1] = (lle_kernels){.to_float = dequant_q5_1, .vec_dot = vec_dot_q5_1};
+    t[T_Q8_0] = (lle_kernels){.to_float = dequant_q8_0, .from_float = quantize_q8_0, .act_scales = act_scales_q8_0,
+                              .vec_dot = vec_dot_q8_0};
+    t[T_Q8_1] = (lle_kernels){.to_float = dequant_q8_1, .from_float = quantize_q8_1, .act_scales = act_scales_q8_1};
+    t[T_Q8_K] = (lle_kernels){.to_float = dequant_q8_K, .from_float = quantize_q8_K};
+    t[T_Q2_K] = (lle_kernels){.to_float = dequant_q2_K, .vec_dot = vec_dot_q2_K};
+    t[T_Q3_K] = (lle_kernels){.to_float = dequant_q3_K, .vec_dot = vec_dot_q3_K};
+    t[T_Q4_K] = (lle_kernels){.to_float = dequant_q4_K, .vec_dot = vec_dot_q4_K};
+    t[T_Q5_K] = (lle_kernels){.to_float = dequant_q5_K, .vec_dot = vec_dot_q5_K};
+    t[T_Q6_K] = (lle_kernels){.to_float = dequant_q6_K, .vec_dot = vec_dot_q6_K};
+    t[T_IQ4_NL] = (lle_kernels){.to_float = dequant_iq4_nl, .vec_dot = vec_dot_iq4_nl};
+    t[T_IQ4_XS] = (lle_kernels){.to_float = dequant_iq4_xs, .vec_dot = vec_dot_iq4_xs};
 }

@@ -1,10 +1,16 @@
-/* The one persistent thread pool shared by every kernel. The calling thread is thread 0 and runs
- * its share of each job; workers spin for a short while after a job (so back-to-back ops of one
- * decode step do not pay a wake-up) and then sleep on a condition variable.
+/* The one persistent thread pool shared by every kernel.
+ *
+ * The calling thread is thread 0 and always runs the job itself; workers join a job only if it is
+ * still open when they get to it. Jobs hand out work through atomic chunk counters, so whatever
+ * subset of threads joins, the work gets done, and the caller never waits for a worker that has
+ * not started (which on an oversubscribed machine could cost a whole scheduler time slice). After a
+ * job, idle workers spin for a short while (so back-to-back ops of a decode step do not pay a
+ * wake-up), yielding the CPU now and then, and then sleep on a condition variable.
  */
 #include "common.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <time.h>
 #if defined(LLE_X86)
@@ -18,14 +24,17 @@
 
 #define LLE_MAX_THREADS 256
 
+/* job state word: generation (high 32 bits) | closed flag (bit 31) | active workers (bits 0-30) */
+#define ST_CLOSED (UINT64_C(1) << 31)
+#define ST_ACTIVE_MASK (ST_CLOSED - 1)
+
 typedef struct {
     pthread_t threads[LLE_MAX_THREADS];
     int n_threads;
-    /* job */
     lle_task_fn fn;
     void *ctx;
-    uint64_t generation;      /* bumped (seq_cst) when a job is published */
-    int pending;              /* workers still running the current job */
+    uint64_t state;
+    uint32_t generation;      /* bumped when a job is published */
     int stop;
     int n_sleeping;
     int spin_us;
@@ -33,7 +42,7 @@ typedef struct {
     pthread_cond_t cond;
 } lle_pool;
 
-static lle_pool g_pool = {.n_threads = 1, .spin_us = 1000,
+static lle_pool g_pool = {.n_threads = 1, .spin_us = 500,
                           .mutex = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
 
 static uint64_t now_us(void) {
@@ -42,45 +51,58 @@ static uint64_t now_us(void) {
     return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
-typedef struct { int ith; uint64_t gen0; } worker_arg;
+typedef struct { int ith; uint32_t gen0; } worker_arg;
 static worker_arg g_args[LLE_MAX_THREADS];
+
+/* wait until the generation differs from `seen`: spin, spin with yields, then sleep */
+static uint32_t wait_for_job(uint32_t seen) {
+    uint32_t gen;
+    const uint64_t t0 = now_us();
+    const uint64_t spin_us = (uint64_t)__atomic_load_n(&g_pool.spin_us, __ATOMIC_RELAXED);
+    int iter = 0;
+    while ((gen = __atomic_load_n(&g_pool.generation, __ATOMIC_ACQUIRE)) == seen) {
+        LLE_PAUSE();
+        if (++iter % 128 == 0) {
+            const uint64_t dt = now_us() - t0;
+            if (dt >= spin_us) break;
+            if (dt >= 20) sched_yield();
+        }
+    }
+    if (gen != seen) return gen;
+    pthread_mutex_lock(&g_pool.mutex);
+    __atomic_add_fetch(&g_pool.n_sleeping, 1, __ATOMIC_SEQ_CST);
+    while ((gen = __atomic_load_n(&g_pool.generation, __ATOMIC_SEQ_CST)) == seen)
+        pthread_cond_wait(&g_pool.cond, &g_pool.mutex);
+    __atomic_sub_fetch(&g_pool.n_sleeping, 1, __ATOMIC_SEQ_CST);
+    pthread_mutex_unlock(&g_pool.mutex);
+    return gen;
+}
+
+/* join job `gen` if it is still open; returns 1 if joined */
+static int try_join(uint32_t gen) {
+    uint64_t st = __atomic_load_n(&g_pool.state, __ATOMIC_ACQUIRE);
+    for (;;) {
+        if ((uint32_t)(st >> 32) != gen || (st & ST_CLOSED)) return 0;
+        if (__atomic_compare_exchange_n(&g_pool.state, &st, st + 1, 1, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            return 1;
+    }
+}
 
 static void *worker_main(void *arg) {
     const int ith = ((worker_arg *)arg)->ith;
-    uint64_t seen = ((worker_arg *)arg)->gen0;
+    uint32_t seen = ((worker_arg *)arg)->gen0;
     for (;;) {
-        /* spin, then sleep until a new generation is published */
-        uint64_t gen = __atomic_load_n(&g_pool.generation, __ATOMIC_ACQUIRE);
-        if (gen == seen) {
-            const uint64_t t0 = now_us();
-            const int spin_us = __atomic_load_n(&g_pool.spin_us, __ATOMIC_RELAXED);
-            int iter = 0;
-            while ((gen = __atomic_load_n(&g_pool.generation, __ATOMIC_ACQUIRE)) == seen) {
-                LLE_PAUSE();
-                if (++iter == 256) {
-                    iter = 0;
-                    if (now_us() - t0 >= (uint64_t)spin_us) break;
-                }
-            }
-            if (gen == seen) {
-                pthread_mutex_lock(&g_pool.mutex);
-                __atomic_add_fetch(&g_pool.n_sleeping, 1, __ATOMIC_SEQ_CST);
-                while ((gen = __atomic_load_n(&g_pool.generation, __ATOMIC_SEQ_CST)) == seen)
-                    pthread_cond_wait(&g_pool.cond, &g_pool.mutex);
-                __atomic_sub_fetch(&g_pool.n_sleeping, 1, __ATOMIC_SEQ_CST);
-                pthread_mutex_unlock(&g_pool.mutex);
-            }
-        }
+        const uint32_t gen = wait_for_job(seen);
         seen = gen;
         if (__atomic_load_n(&g_pool.stop, __ATOMIC_ACQUIRE)) break;
+        if (!try_join(gen)) continue;
         g_pool.fn(g_pool.ctx, ith, g_pool.n_threads);
-        __atomic_sub_fetch(&g_pool.pending, 1, __ATOMIC_ACQ_REL);
+        __atomic_sub_fetch(&g_pool.state, 1, __ATOMIC_ACQ_REL);
     }
     return NULL;
 }
 
 static void publish(void) {
-    __atomic_add_fetch(&g_pool.generation, 1, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&g_pool.n_sleeping, __ATOMIC_SEQ_CST) > 0) {
         pthread_mutex_lock(&g_pool.mutex);
         pthread_cond_broadcast(&g_pool.cond);
@@ -96,21 +118,33 @@ void lle_pool_run(lle_task_fn fn, void *ctx) {
     }
     g_pool.fn = fn;
     g_pool.ctx = ctx;
-    __atomic_store_n(&g_pool.pending, nth - 1, __ATOMIC_RELEASE);
+    const uint32_t gen = g_pool.generation + 1;
+    __atomic_store_n(&g_pool.state, (uint64_t)gen << 32, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&g_pool.generation, gen, __ATOMIC_SEQ_CST);
     publish();
     fn(ctx, 0, nth);
-    while (__atomic_load_n(&g_pool.pending, __ATOMIC_ACQUIRE) != 0) LLE_PAUSE();
+    /* close the job, then wait only for the workers that joined it */
+    uint64_t st = __atomic_fetch_or(&g_pool.state, ST_CLOSED, __ATOMIC_ACQ_REL) | ST_CLOSED;
+    int iter = 0;
+    while ((st & ST_ACTIVE_MASK) != 0) {
+        LLE_PAUSE();
+        if (++iter > 4096) sched_yield();
+        st = __atomic_load_n(&g_pool.state, __ATOMIC_ACQUIRE);
+    }
 }
 
 int lle_pool_threads(void) { return g_pool.n_threads; }
 
 void lle_pool_destroy(void) {
     if (g_pool.n_threads <= 1) return;
-    __atomic_store_n(&g_pool.stop, 1, __ATOMIC_RELEASE);
-    publish();
+    __atomic_store_n(&g_pool.stop, 1, __ATOMIC_SEQ_CST);
+    __atomic_add_fetch(&g_pool.generation, 1, __ATOMIC_SEQ_CST);
+    pthread_mutex_lock(&g_pool.mutex);
+    pthread_cond_broadcast(&g_pool.cond);
+    pthread_mutex_unlock(&g_pool.mutex);
     for (int i = 1; i < g_pool.n_threads; i++) pthread_join(g_pool.threads[i], NULL);
     g_pool.n_threads = 1;
-    __atomic_store_n(&g_pool.stop, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&g_pool.stop, 0, __ATOMIC_SEQ_CST);
 }
 
 int lle_pool_create(int n_threads) {
@@ -122,8 +156,7 @@ int lle_pool_create(int n_threads) {
         g_args[i].ith = i;
         g_args[i].gen0 = __atomic_load_n(&g_pool.generation, __ATOMIC_SEQ_CST);
         if (pthread_create(&g_pool.threads[i], NULL, worker_main, &g_args[i]) != 0) {
-            /* keep the workers that did start */
-            g_pool.n_threads = i;
+            g_pool.n_threads = i; /* keep the workers that did start */
             break;
         }
     }
@@ -132,20 +165,13 @@ int lle_pool_create(int n_threads) {
 
 void lle_pool_set_spin_us(int us) { __atomic_store_n(&g_pool.spin_us, us < 0 ? 0 : us, __ATOMIC_RELAXED); }
 
-/* after fork() only the calling thread exists in the child: run single-threaded there until
- * lle_init is called again */
-static void atfork_child(void) {
+/* after fork() only the calling thread exists in the child: the pool is reset to that one thread
+ * (api.c recreates the workers on the next call) */
+void lle_pool_atfork_child(void) {
     g_pool.n_threads = 1;
     g_pool.n_sleeping = 0;
-    g_pool.pending = 0;
+    g_pool.state = 0;
+    g_pool.stop = 0;
     pthread_mutex_init(&g_pool.mutex, NULL);
     pthread_cond_init(&g_pool.cond, NULL);
-}
-
-void lle_pool_register_atfork(void) {
-    static int done = 0;
-    if (!done) {
-        pthread_atfork(NULL, NULL, atfork_child);
-        done = 1;
-    }
 }

@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
 # Set up everything the test suite needs on a fresh machine, then run it.
-# System package: tmux (the terminal tests drive a real terminal). Python: a venv with the test extras.
+# System packages (Debian): tmux, for the terminal tests that drive a real terminal; the aarch64
+# cross compiler and qemu-user, to build the ARM NEON kernels and run their self-test here.
+# Python: a venv with the test extras.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if ! command -v tmux >/dev/null; then
-    if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq tmux >/dev/null
-    else sudo apt-get update -qq && sudo apt-get install -y -qq tmux >/dev/null; fi
+missing=()
+command -v tmux >/dev/null || missing+=(tmux)
+command -v aarch64-linux-gnu-gcc >/dev/null || missing+=(gcc-aarch64-linux-gnu)
+command -v qemu-aarch64 >/dev/null || missing+=(qemu-user)
+if [ ${#missing[@]} -gt 0 ]; then
+    sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+    $sudo apt-get update -qq && $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 python3 -m venv .venv
 .venv/bin/pip install -q -e '.[test]'

@@ -17,6 +17,7 @@ import pytest
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 from gguf import quants as gguf_quants
+
 from llmedge.quant import (
     BLOCK_SIZES,
     DEQUANTIZABLE,

@@ -1,0 +1,100 @@
+"""What the CPU offers: the instruction-set features the kernels care about, and how many physical
+cores there are (the default thread count: hyper-threads share one core's SIMD units, so llama.cpp
+and llmedge use one thread per physical core).
+
+Everything here is read from the operating system (``/proc/cpuinfo``, ``/sys``, ``sysctl``) and is
+cheap; the native library's own CPUID probe (``llmedge._native``) is what picks the kernels.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+# flags reported by /proc/cpuinfo (x86 "flags", ARM "Features") that matter to the kernels
+_X86_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq",
+              "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_int8")
+_ARM_FLAGS = ("asimd", "asimddp", "i8mm", "sve", "sve2", "bf16", "fphp", "asimdhp")
+
+
+def _usable_cpus() -> int:
+    """CPUs this process may run on (honours affinity masks and cgroup-limited containers)."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    return max(1, n)
+
+
+def _linux_physical_cores() -> int | None:
+    """Distinct (package, core) pairs among the CPUs this process may use."""
+    try:
+        allowed = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        allowed = list(range(os.cpu_count() or 1))
+    cores: set[tuple[str, str]] = set()
+    for cpu in allowed:
+        topo = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            core = (topo / "core_id").read_text().strip()
+            pkg = (topo / "physical_package_id").read_text().strip()
+        except OSError:
+            return None
+        cores.add((pkg, core))
+    return len(cores) or None
+
+
+def _sysctl(name: str) -> str | None:
+    try:
+        out = subprocess.run(["sysctl", "-n", name], capture_output=True, text=True, timeout=2, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+@functools.lru_cache(maxsize=1)
+def physical_cores() -> int:
+    """Physical cores available to this process (at least 1)."""
+    n: int | None = None
+    if sys.platform.startswith("linux"):
+        n = _linux_physical_cores()
+    elif sys.platform == "darwin":
+        # performance cores on Apple Silicon, else all physical cores
+        for key in ("hw.perflevel0.physicalcpu", "hw.physicalcpu"):
+            v = _sysctl(key)
+            if v and v.isdigit():
+                n = int(v)
+                break
+    return max(1, min(n or _usable_cpus(), _usable_cpus()))
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """The kernel-relevant ISA flags of this CPU, lower-case (e.g. ``{"avx2", "fma", "f16c"}``)."""
+    machine = platform.machine().lower()
+    flags: set[str] = set()
+    if sys.platform.startswith("linux"):
+        try:
+            text = Path("/proc/cpuinfo").read_text(errors="replace")
+        except OSError:
+            text = ""
+        for line in text.splitlines():
+            key, _, value = line.partition(":")
+            if key.strip().lower() in ("flags", "features"):
+                flags.update(value.split())
+                break
+    elif sys.platform == "darwin" and machine == "arm64":
+        flags.update(("asimd", "asimddp"))
+        if _sysctl("hw.optional.arm.FEAT_I8MM") == "1":
+            flags.add("i8mm")
+    wanted = _ARM_FLAGS if machine in ("aarch64", "arm64") else _X86_FLAGS
+    return frozenset(f for f in wanted if f in flags)
+
+
+def describe() -> str:
+    """One line for ``llmedge show`` / bench headers, e.g. ``x86_64, 2 physical cores, avx2 fma f16c``."""
+    return f"{platform.machine()}, {physical_cores()} physical cores, {' '.join(sorted(cpu_flags())) or 'no SIMD flags'}"

@@ -1,0 +1,335 @@
+"""The native backend: llmedge's C SIMD kernels (``llmedge._native``, built by cffi at install time).
+
+Weights stay in their GGUF blocks (zero copy from the memory map); activations are quantized on
+the fly to each weight type's partner format (Q8_0, Q8_1, Q8_K, F16, BF16) and multiplied with
+integer dot products, as llama.cpp does. On x86 with AVX2 the products, norms, RoPE, GLUs, softmax
+and attention reproduce llama.cpp's CPU results bit for bit: same activation rounding, the same
+summation order in each of llama.cpp's code paths (ggml's vec_dot, llamafile's tinyBLAS, the tiled
+K-quant GEMM for 8+ rows, the repacked Q4_K GEMV/GEMM) and the same fused multiply-adds; see
+tests/test_native_kernels.py. Not yet reproduced: llama.cpp's repacked Q4_0 and IQ4_NL kernels.
+
+The C library holds one process-wide thread pool and one kernel table chosen from CPUID
+(``LLMEDGE_ISA=scalar|avx2|avx512|neon`` forces a lower ISA); every ``NativeBackend`` shares them,
+and the last one created sets the thread count. Every op accepts an optional ``out=`` buffer so
+callers can avoid per-token allocations.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+
+from llmedge.backends.base import GluKind
+from llmedge.backends.cpu import physical_cores
+from llmedge.errors import LlmedgeError
+from llmedge.gguf import TensorInfo
+
+try:
+    from llmedge._native import ffi, lib
+
+    _IMPORT_ERROR: str | None = None
+except ImportError as e:  # the C build failed or was skipped at install time
+    ffi = lib = None
+    _IMPORT_ERROR = f"llmedge._native is not built ({e})"
+
+ISA_NAMES = ("scalar", "avx2", "avx512", "neon")
+ROUNDING = ("ref", "x86", "arm")
+_GLU_KINDS = {"silu": 0, "gelu": 1}
+_F32, _F16 = np.dtype(np.float32), np.dtype(np.float16)
+
+
+if ffi is not None:
+    _FLOATS = ffi.typeof("float[]")
+    _INTS = ffi.typeof("int[]")
+    _BYTES = ffi.typeof("uint8_t[]")
+    _from_buffer = ffi.from_buffer
+
+
+def _fptr(a: np.ndarray) -> Any:
+    return _from_buffer(_FLOATS, a)
+
+
+def _f32c(a: np.ndarray) -> np.ndarray:
+    """``a`` as a C-contiguous float32 array (no copy when it already is one)."""
+    if a.dtype == _F32 and a.flags["C_CONTIGUOUS"]:
+        return a
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def _out(out: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray:
+    if out is None:
+        return np.empty(shape, dtype=np.float32)
+    if out.dtype != _F32 or not out.flags["C_CONTIGUOUS"] or out.shape != shape:
+        raise ValueError(f"out= must be a C-contiguous float32 array of shape {shape}")
+    return out
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        raise LlmedgeError(f"native {what} failed (code {rc})")
+
+
+class NativeWeight:
+    """A 2-D weight: the raw GGUF rows (a view into the model's memory map) and their geometry.
+
+    Types without a native kernel keep a float32 copy and are multiplied with NumPy instead.
+    """
+
+    __slots__ = ("name", "ggml_type", "m", "k", "row_bytes", "data", "ptr", "shape", "fallback")
+
+    def __init__(self, tensor: TensorInfo) -> None:
+        self.name = tensor.name
+        self.ggml_type = int(tensor.ggml_type)
+        self.k = int(tensor.dims[0])
+        self.m = tensor.n_elements // self.k if self.k else 0
+        self.shape = (self.m, self.k)
+        self.fallback: np.ndarray | None = None
+        self.data = tensor.data
+        if not self.data.flags.c_contiguous:
+            self.data = np.ascontiguousarray(self.data)
+        self.row_bytes = int(lib.lle_row_size(self.ggml_type, self.k)) if lib.lle_type_supported(self.ggml_type) else -1
+        if self.row_bytes <= 0 or self.row_bytes * self.m != self.data.size:
+            from llmedge.quant import dequantize
+
+            self.fallback = dequantize(self.data, self.ggml_type, self.shape)
+            self.ptr = None
+        else:
+            self.ptr = ffi.from_buffer(_BYTES, self.data)
+
+    def __repr__(self) -> str:
+        return f"NativeWeight({self.name!r}, type={self.ggml_type}, shape={self.shape})"
+
+
+class NativeBackend:
+    """:class:`llmedge.backends.base.Backend` on the C kernels."""
+
+    name = "native"
+    unavailable_reason: ClassVar[str] = _IMPORT_ERROR or ""
+
+    def __init__(self, n_threads: int | None = None) -> None:
+        if not self.available():
+            raise LlmedgeError(f"the native backend is unavailable: {self.unavailable_reason}")
+        self.n_threads = int(n_threads) if n_threads else physical_cores()
+        if self.n_threads < 1:
+            raise ValueError("n_threads must be at least 1")
+        self.n_threads = int(lib.lle_init(self.n_threads))
+
+    # ------------------------------------------------------------------ library state
+
+    @classmethod
+    def available(cls) -> bool:
+        """True when ``llmedge._native`` was built and loads on this CPU."""
+        if lib is None:
+            cls.unavailable_reason = _IMPORT_ERROR or "llmedge._native is not built"
+            return False
+        try:
+            lib.lle_isa()
+        except Exception as e:  # pragma: no cover - a broken build
+            cls.unavailable_reason = f"llmedge._native failed to initialise ({e})"
+            return False
+        return True
+
+    @property
+    def isa(self) -> str:
+        """The instruction set whose kernels are in use: scalar, avx2, avx512 or neon."""
+        return ISA_NAMES[lib.lle_isa()]
+
+    @staticmethod
+    def available_isas() -> list[str]:
+        return [name for i, name in enumerate(ISA_NAMES) if lib.lle_isa_available(i)]
+
+    @staticmethod
+    def set_isa(isa: str) -> str:
+        """Switch every kernel to ``isa`` (process-wide); raises if this CPU cannot run it."""
+        if isa not in ISA_NAMES or lib.lle_set_isa(ISA_NAMES.index(isa)) < 0:
+            raise LlmedgeError(f"ISA {isa!r} is not available here (have: {', '.join(NativeBackend.available_isas())})")
+        return isa
+
+    @staticmethod
+    def kernel_isa(ggml_type: int) -> str | None:
+        """The ISA of the dot-product kernel selected for a weight type (None if unsupported)."""
+        i = lib.lle_kernel_isa(int(ggml_type))
+        return ISA_NAMES[i] if i >= 0 else None
+
+    @staticmethod
+    def supports(ggml_type: int) -> bool:
+        return bool(lib.lle_type_supported(int(ggml_type)))
+
+    @staticmethod
+    def act_rounding() -> str:
+        """How Q8_0/Q8_1 activations are rounded: "ref" (ggml's *_ref), "x86" or "arm" (the SIMD
+        paths of llama.cpp's CPU backend). The default is the host's, so products agree with a
+        llama.cpp build on the same machine bit for bit."""
+        return ROUNDING[lib.lle_act_rounding_mode()]
+
+    @staticmethod
+    def set_act_rounding(variant: str) -> None:
+        if variant not in ROUNDING:
+            raise ValueError(f"rounding variant must be one of {', '.join(ROUNDING)}")
+        lib.lle_set_act_rounding(ROUNDING.index(variant))
+
+    @staticmethod
+    def set_spin_us(us: int) -> None:
+        """How long idle pool threads spin (microseconds) before sleeping."""
+        lib.lle_set_spin_us(int(us))
+
+    # ------------------------------------------------------------------ weights
+
+    def prepare(self, tensor: TensorInfo) -> NativeWeight | np.ndarray:
+        if len(tensor.dims) == 1:
+            from llmedge.quant import dequantize
+
+            return np.ascontiguousarray(dequantize(tensor.data, tensor.ggml_type, tensor.shape), dtype=np.float32)
+        return NativeWeight(tensor)
+
+    def matmul(self, x: np.ndarray, w: NativeWeight, out: np.ndarray | None = None) -> np.ndarray:
+        """``x`` [..., k] times the transposed weight: float32 [..., m]."""
+        k = w.k
+        if x.shape[-1] != k:
+            raise ValueError(f"matmul: x has {x.shape[-1]} columns, {w.name} expects {k}")
+        if x.dtype != _F32 or not x.flags["C_CONTIGUOUS"]:
+            x = np.ascontiguousarray(x, dtype=np.float32)
+        shape = x.shape[:-1] + (w.m,)
+        if w.fallback is not None:
+            res = (x.reshape(-1, k) @ w.fallback.T).reshape(shape)
+            if out is None:
+                return res
+            _out(out, shape)[...] = res
+            return out
+        o = np.empty(shape, dtype=np.float32) if out is None else _out(out, shape)
+        if lib.lle_matmul(w.ggml_type, w.ptr, w.row_bytes, w.m, k, _from_buffer(_FLOATS, x), x.size // k,
+                          _from_buffer(_FLOATS, o), w.m):
+            raise LlmedgeError(f"native matmul failed for {w.name}")
+        return o
+
+    def get_rows(self, w: NativeWeight, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        ids = np.ascontiguousarray(ids, dtype=np.int32).reshape(-1)
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= w.m):
+            raise IndexError(f"get_rows: id out of range for {w.name} with {w.m} rows")
+        o = _out(out, (ids.size, w.k))
+        if w.fallback is not None:
+            o[...] = w.fallback[ids]
+            return o
+        if ids.size:
+            _check(lib.lle_get_rows(w.ggml_type, w.ptr, w.row_bytes, w.k, ffi.from_buffer("int[]", ids),
+                                    ids.size, _fptr(o)), "get_rows")
+        return o
+
+    # ------------------------------------------------------------------ float ops
+
+    def rms_norm(self, x: np.ndarray, weight: np.ndarray | None, eps: float,
+                 out: np.ndarray | None = None) -> np.ndarray:
+        x = _f32c(x)
+        d = x.shape[-1]
+        o = _out(out, x.shape)
+        wp = ffi.NULL
+        if weight is not None:
+            weight = _f32c(weight)
+            if weight.size != d:
+                raise ValueError(f"rms_norm: weight has {weight.size} values for rows of {d}")
+            wp = _fptr(weight)
+        _check(lib.lle_rms_norm(_fptr(x), wp, x.size // d if d else 0, d, eps, _fptr(o)), "rms_norm")
+        return o
+
+    def rope(self, x: np.ndarray, positions: np.ndarray, n_rot: int, freq_base: float,
+             freq_scale: float, neox: bool, freq_factors: np.ndarray | None = None,
+             out: np.ndarray | None = None) -> np.ndarray:
+        """Rotate ``x`` [n, heads, head_dim]; ``out`` may be ``x`` itself (in place)."""
+        x = _f32c(x)
+        n, n_head, head_dim = x.shape
+        pos = np.ascontiguousarray(positions, dtype=np.int32)
+        if pos.size != n:
+            raise ValueError(f"rope: {pos.size} positions for {n} rows")
+        o = _out(out, x.shape)
+        ff = ffi.NULL
+        if freq_factors is not None:
+            freq_factors = _f32c(freq_factors)
+            if freq_factors.size < n_rot // 2:
+                raise ValueError("rope: freq_factors needs n_rot/2 values")
+            ff = _fptr(freq_factors)
+        _check(lib.lle_rope(_fptr(x), ffi.from_buffer("int[]", pos), n, n_head, head_dim, int(n_rot),
+                            freq_base, freq_scale, 1 if neox else 0, ff, _fptr(o)), "rope")
+        return o
+
+    def softmax(self, x: np.ndarray, scale: float = 1.0, out: np.ndarray | None = None) -> np.ndarray:
+        x = _f32c(x)
+        d = x.shape[-1]
+        o = _out(out, x.shape)
+        _check(lib.lle_softmax(_fptr(x), x.size // d if d else 0, d, scale, _fptr(o)), "softmax")
+        return o
+
+    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.ndarray,
+                  k_pos: np.ndarray, scale: float, window: int | None = None,
+                  softcap: float | None = None, out: np.ndarray | None = None) -> np.ndarray:
+        """See :meth:`llmedge.backends.base.Backend.attention`. ``k``/``v`` may be strided views
+        (e.g. the first ``t`` cells of a cache) as long as the last axis is contiguous.
+
+        Numerics are llama.cpp's attention without flash-attention: with an F16 cache, Q and the
+        probabilities are rounded to F16; scores are soft-capped (``cap * tanh(s / cap)``) and then
+        multiplied by ``scale``; one query row uses ggml's vec_dot order, several rows llamafile's
+        order. Cell j lands in the same SIMD lane as in llama.cpp when the cache keeps cells in
+        llama.cpp's order (cell index = array index)."""
+        q = _f32c(q)
+        n, n_head, d = q.shape
+        if k.dtype != v.dtype or k.dtype not in (_F16, _F32):
+            raise ValueError("attention: k and v must both be float16 or both float32")
+        t, n_kv, dk = k.shape
+        if v.shape != k.shape or dk != d:
+            raise ValueError(f"attention: k {k.shape} / v {v.shape} do not match q head size {d}")
+        if n_kv == 0 or n_head % n_kv:
+            raise ValueError(f"attention: {n_head} query heads are not a multiple of {n_kv} kv heads")
+        item = k.dtype.itemsize
+        for a in (k, v):
+            if a.strides[2] != item or a.strides[0] % item or a.strides[1] % item:
+                raise ValueError("attention: the last axis of k and v must be contiguous")
+        qp = np.ascontiguousarray(q_pos, dtype=np.int32)
+        kp = np.ascontiguousarray(k_pos, dtype=np.int32)
+        if qp.size != n or kp.size != t:
+            raise ValueError("attention: q_pos / k_pos sizes do not match q / k")
+        o = _out(out, (n, n_head, d))
+        if t == 0:
+            o[...] = 0
+            return o
+        kb = ffi.from_buffer("uint8_t[]", k, require_writable=False) if k.flags.c_contiguous else _base_ptr(k)
+        vb = ffi.from_buffer("uint8_t[]", v, require_writable=False) if v.flags.c_contiguous else _base_ptr(v)
+        rc = lib.lle_attention(_fptr(q), n, n_head, d, kb, vb, 1 if k.dtype == _F16 else 0, t, n_kv,
+                               k.strides[0] // item, k.strides[1] // item, v.strides[0] // item,
+                               v.strides[1] // item, ffi.from_buffer("int[]", qp), ffi.from_buffer("int[]", kp),
+                               scale, int(window or 0), float(softcap or 0.0), _fptr(o))
+        _check(rc, "attention")
+        return o
+
+    def glu(self, gate: np.ndarray, up: np.ndarray, kind: GluKind, out: np.ndarray | None = None) -> np.ndarray:
+        gate, up = _f32c(gate), _f32c(up)
+        if gate.shape != up.shape:
+            raise ValueError(f"glu: gate {gate.shape} and up {up.shape} differ")
+        o = _out(out, gate.shape)
+        _check(lib.lle_glu(_fptr(gate), _fptr(up), gate.size, _GLU_KINDS[kind], _fptr(o)), "glu")
+        return o
+
+    def add(self, a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        a, b = _f32c(a), _f32c(b)
+        if a.shape != b.shape:
+            raise ValueError(f"add: shapes {a.shape} and {b.shape} differ")
+        o = _out(out, a.shape)
+        _check(lib.lle_add(_fptr(a), _fptr(b), a.size, _fptr(o)), "add")
+        return o
+
+    def scale(self, x: np.ndarray, s: float, out: np.ndarray | None = None) -> np.ndarray:
+        x = _f32c(x)
+        o = _out(out, x.shape)
+        _check(lib.lle_scale(_fptr(x), s, x.size, _fptr(o)), "scale")
+        return o
+
+    def softcap(self, x: np.ndarray, cap: float, out: np.ndarray | None = None) -> np.ndarray:
+        """``tanh(x / cap) * cap`` (logit soft-capping)."""
+        x = _f32c(x)
+        o = _out(out, x.shape)
+        _check(lib.lle_softcap(_fptr(x), cap, x.size, _fptr(o)), "softcap")
+        return o
+
+
+def _base_ptr(a: np.ndarray) -> Any:
+    """A pointer to the first element of a strided (non-contiguous) array view."""
+    return ffi.cast("void *", a.__array_interface__["data"][0])

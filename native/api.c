@@ -1,0 +1,572 @@
+/* Library state and the quantized-product entry points: CPU feature detection, the run-time
+ * dispatch table (per type, the best kernel of the selected ISA, falling back to lower ISAs),
+ * LLMEDGE_ISA, scratch buffers, and the matmul driver (activation quantization, then row-chunked
+ * matrix-vector products for decode or row x column tiles for prefill, over the thread pool).
+ */
+#include "common.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <strings.h>
+
+#if defined(LLE_ARM64) && defined(__linux__)
+#include <sys/auxv.h>
+#endif
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static int g_initialized = 0;
+static int g_requested_threads = 1;  /* the pool size asked for; restored in a forked child */
+static int g_forked = 0;
+static int g_cpu = 0;
+static int g_isa = ISA_SCALAR;
+static lle_kernels g_active[T_COUNT];
+static int g_kernel_isa[T_COUNT];
+
+void lle_build_gelu_table(void);
+
+/* fork(): hold the library lock across it so the child never inherits it locked mid-call */
+static void atfork_prepare(void) { pthread_mutex_lock(&g_lock); }
+static void atfork_parent(void) { pthread_mutex_unlock(&g_lock); }
+static void atfork_child(void) {
+    pthread_mutex_init(&g_lock, NULL);
+    lle_pool_atfork_child();
+    g_forked = 1;
+}
+
+void lle_lock(void) { pthread_mutex_lock(&g_lock); }
+void lle_unlock(void) { pthread_mutex_unlock(&g_lock); }
+
+/* ---------------------------------------------------------------- scratch */
+
+typedef struct { void *p; size_t size; } scratch_buf;
+static scratch_buf g_scratch_mm, g_scratch_ops;
+
+static void *scratch_get(scratch_buf *b, size_t bytes) {
+    if (bytes <= b->size) return b->p;
+    size_t want = bytes + bytes / 4 + 4096;
+    want = (want + 63) & ~(size_t)63;
+    void *p = aligned_alloc(64, want);
+    if (!p) return NULL;
+    free(b->p);
+    b->p = p;
+    b->size = want;
+    return p;
+}
+
+void *lle_scratch_ops(size_t bytes) { return scratch_get(&g_scratch_ops, bytes); }
+
+/* ---------------------------------------------------------------- CPU features */
+
+static int detect_cpu(void) {
+    int f = 0;
+#if defined(LLE_X86) && defined(__GNUC__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2")) f |= LLE_CPU_AVX2;
+    if (__builtin_cpu_supports("fma")) f |= LLE_CPU_FMA;
+    if (__builtin_cpu_supports("avx512f")) f |= LLE_CPU_AVX512F;
+    if (__builtin_cpu_supports("avx512bw")) f |= LLE_CPU_AVX512BW;
+    if (__builtin_cpu_supports("avx512vl")) f |= LLE_CPU_AVX512VL;
+    if (__builtin_cpu_supports("avx512dq")) f |= LLE_CPU_AVX512DQ;
+    if (__builtin_cpu_supports("avx512vnni")) f |= LLE_CPU_AVX512VNNI;
+#if defined(__clang__) || __GNUC__ >= 10
+    if (__builtin_cpu_supports("avx512bf16")) f |= LLE_CPU_AVX512BF16;
+#endif
+    {
+        /* F16C: CPUID.1:ECX bit 29 (no __builtin_cpu_supports name in older compilers) */
+        unsigned int a, b, c, d;
+        __asm__ __volatile__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(1), "c"(0));
+        if (c & (1u << 29)) f |= LLE_CPU_F16C;
+    }
+#elif defined(LLE_ARM64)
+    f |= LLE_CPU_NEON;
+#if defined(__linux__)
+    const unsigned long hw = getauxval(AT_HWCAP);
+    if (hw & (1UL << 20)) f |= LLE_CPU_DOTPROD; /* HWCAP_ASIMDDP */
+    const unsigned long hw2 = getauxval(AT_HWCAP2);
+    if (hw2 & (1UL << 13)) f |= LLE_CPU_I8MM;   /* HWCAP2_I8MM */
+#elif defined(__APPLE__)
+    f |= LLE_CPU_DOTPROD;
+#endif
+#endif
+    return f;
+}
+
+static int isa_has_kernels(int isa) {
+    const lle_kernels *t = isa == ISA_AVX2 ? lle_kernels_avx2 : isa == ISA_AVX512 ? lle_kernels_avx512
+                         : isa == ISA_NEON ? lle_kernels_neon : lle_kernels_scalar;
+    for (int i = 0; i < T_COUNT; i++)
+        if (t[i].vec_dot || t[i].from_float) return 1;
+    return 0;
+}
+
+static int isa_supported(int isa) {
+    switch (isa) {
+    case ISA_SCALAR: return 1;
+    case ISA_AVX2:
+        return (g_cpu & (LLE_CPU_AVX2 | LLE_CPU_FMA | LLE_CPU_F16C)) == (LLE_CPU_AVX2 | LLE_CPU_FMA | LLE_CPU_F16C) &&
+               isa_has_kernels(ISA_AVX2);
+    case ISA_AVX512:
+        return isa_supported(ISA_AVX2) &&
+               (g_cpu & (LLE_CPU_AVX512F | LLE_CPU_AVX512BW | LLE_CPU_AVX512VL | LLE_CPU_AVX512VNNI)) ==
+                   (LLE_CPU_AVX512F | LLE_CPU_AVX512BW | LLE_CPU_AVX512VL | LLE_CPU_AVX512VNNI) &&
+               isa_has_kernels(ISA_AVX512);
+    case ISA_NEON: return (g_cpu & LLE_CPU_NEON) && (g_cpu & LLE_CPU_DOTPROD) && isa_has_kernels(ISA_NEON);
+    default: return 0;
+    }
+}
+
+static int best_isa(void) {
+    if (isa_supported(ISA_AVX512)) return ISA_AVX512;
+    if (isa_supported(ISA_AVX2)) return ISA_AVX2;
+    if (isa_supported(ISA_NEON)) return ISA_NEON;
+    return ISA_SCALAR;
+}
+
+/* the ISA chain searched for a kernel, highest first */
+static int isa_chain(int isa, int *chain) {
+    int n = 0;
+    chain[n++] = isa;
+    if (isa == ISA_AVX512) chain[n++] = ISA_AVX2;
+    if (isa != ISA_SCALAR) chain[n++] = ISA_SCALAR;
+    return n;
+}
+
+static const lle_kernels *table_of(int isa) {
+    switch (isa) {
+    case ISA_AVX2: return lle_kernels_avx2;
+    case ISA_AVX512: return lle_kernels_avx512;
+    case ISA_NEON: return lle_kernels_neon;
+    default: return lle_kernels_scalar;
+    }
+}
+
+static void select_isa(int isa) {
+    int chain[4];
+    const int nc = isa_chain(isa, chain);
+    for (int t = 0; t < T_COUNT; t++) {
+        lle_kernels k = {0};
+        g_kernel_isa[t] = -1;
+        for (int c = 0; c < nc; c++) {
+            const lle_kernels *src = &table_of(chain[c])[t];
+            if (!k.to_float && src->to_float) k.to_float = src->to_float;
+            if (!k.from_float && src->from_float) k.from_float = src->from_float;
+            if (!k.act_scales && src->act_scales) k.act_scales = src->act_scales;
+            if (!k.from_float_r8 && src->from_float_r8) k.from_float_r8 = src->from_float_r8;
+            if (!k.vec_dot && src->vec_dot) {
+                /* a tile is only used with the vec_dot of its own ISA (identical arithmetic) */
+                k.vec_dot = src->vec_dot;
+                k.tile = src->tile;
+                k.vec_dot_batch = src->vec_dot_batch;
+                k.gemv = src->gemv;
+                k.vec_dot_r8 = src->vec_dot_r8;
+                k.vec_dot_r8_gemm = src->vec_dot_r8_gemm;
+                k.tile_r8_gemm = src->tile_r8_gemm;
+                k.tile_tiled = src->tile_tiled;
+                k.vec_dot_tiled = src->vec_dot_tiled;
+                g_kernel_isa[t] = chain[c];
+            }
+        }
+        g_active[t] = k;
+    }
+    lle_ops = (isa == ISA_AVX2 || isa == ISA_AVX512) ? &lle_ops_avx2 : &lle_ops_scalar;
+    g_isa = isa;
+}
+
+static int isa_from_env(void) {
+    const char *e = getenv("LLMEDGE_ISA");
+    if (!e || !*e) return -1;
+    if (!strcasecmp(e, "scalar")) return ISA_SCALAR;
+    if (!strcasecmp(e, "avx2")) return ISA_AVX2;
+    if (!strcasecmp(e, "avx512")) return ISA_AVX512;
+    if (!strcasecmp(e, "neon")) return ISA_NEON;
+    return -1;
+}
+
+static void init_locked(int n_threads) {
+    if (!g_initialized) {
+        g_cpu = detect_cpu();
+        lle_register_scalar();
+        lle_register_avx2();
+        lle_register_avx512();
+        lle_register_neon();
+        lle_build_gelu_table();
+        int isa = best_isa();
+        const int want = isa_from_env();
+        /* the variable can only lower the ISA */
+        if (want >= 0 && isa_supported(want) && (want == ISA_SCALAR || want <= isa)) isa = want;
+        select_isa(isa);
+        pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+        g_initialized = 1;
+    }
+    if (n_threads > 0) g_requested_threads = n_threads;
+    if (n_threads > 0 && n_threads != lle_pool_threads()) lle_pool_create(n_threads);
+}
+
+static void ensure_init(void) {
+    if (!__atomic_load_n(&g_initialized, __ATOMIC_ACQUIRE)) init_locked(0);
+    if (g_forked) {  /* first call in a forked child: bring the workers back */
+        g_forked = 0;
+        if (g_requested_threads > 1) lle_pool_create(g_requested_threads);
+    }
+}
+
+/* for ops.c: called with the library lock held */
+void lle_ensure_init(void) { ensure_init(); }
+
+int lle_init(int n_threads) {
+    lle_lock();
+    init_locked(n_threads > 0 ? n_threads : 1);
+    const int n = lle_pool_threads();
+    lle_unlock();
+    return n;
+}
+
+int lle_n_threads(void) { return lle_pool_threads(); }
+
+int lle_cpu_features(void) {
+    lle_lock();
+    ensure_init();
+    lle_unlock();
+    return g_cpu;
+}
+
+int lle_isa(void) {
+    lle_lock();
+    ensure_init();
+    lle_unlock();
+    return g_isa;
+}
+
+int lle_isa_available(int isa) {
+    lle_lock();
+    ensure_init();
+    const int r = isa_supported(isa);
+    lle_unlock();
+    return r;
+}
+
+int lle_set_isa(int isa) {
+    lle_lock();
+    ensure_init();
+    int r = -1;
+    if (isa >= 0 && isa < ISA_COUNT && isa_supported(isa)) {
+        select_isa(isa);
+        r = isa;
+    }
+    lle_unlock();
+    return r;
+}
+
+void lle_set_spin_us(int us) { lle_pool_set_spin_us(us); }
+
+int lle_act_rounding_mode(void) { return lle_act_rounding; }
+
+int lle_set_act_rounding(int mode) {
+    if (mode < LLE_ROUND_REF || mode > LLE_ROUND_ARM) return -1;
+    lle_lock();
+    lle_act_rounding = mode;
+    lle_unlock();
+    return mode;
+}
+
+/* ---------------------------------------------------------------- traits */
+
+static int valid_type(int type) { return type >= 0 && type < T_COUNT && lle_type_traits[type].block_size > 0; }
+
+int lle_type_supported(int type) {
+    lle_lock();
+    ensure_init();
+    const int r = valid_type(type) && g_active[type].vec_dot != NULL && g_active[type].to_float != NULL;
+    lle_unlock();
+    return r;
+}
+
+int lle_block_size(int type) { return valid_type(type) ? lle_type_traits[type].block_size : -1; }
+int lle_type_size(int type) { return valid_type(type) ? lle_type_traits[type].type_size : -1; }
+int lle_vec_type(int type) { return valid_type(type) ? lle_type_traits[type].vec_type : -1; }
+
+int lle_kernel_isa(int type) {
+    lle_lock();
+    ensure_init();
+    const int r = valid_type(type) ? g_kernel_isa[type] : -1;
+    lle_unlock();
+    return r;
+}
+
+long long lle_row_size(int type, long long k) {
+    if (!valid_type(type)) return -1;
+    const lle_traits *tr = &lle_type_traits[type];
+    if (k % tr->block_size) return -1;
+    return k / tr->block_size * tr->type_size;
+}
+
+/* ---------------------------------------------------------------- matmul */
+
+typedef struct {
+    const lle_kernels *kw;
+    lle_vec_dot_fn vd;    /* the dot product of this call (its summation order) */
+    lle_vec_dot_fn vd_head; int64_t n_head_rows;  /* another order for activation rows < n_head_rows */
+    lle_tile_fn tile_head;                        /* its 4-row tile (NULL: vd_head per element) */
+    lle_tile_fn tile;     /* NULL: vd per element */
+    lle_gemv_fn gemv;     /* NULL: vd per row */
+    int type;
+    const uint8_t *w; size_t ws; int64_t m; int k;
+    const uint8_t *a; size_t as; int64_t n;
+    float *out; int64_t ldo;
+    /* activation quantization */
+    const float *x; lle_from_float_fn from_float;
+    lle_from_float_fn from_float_head;  /* quantizer of the rows < n_head_rows (NULL: from_float) */
+    lle_act_scales_fn act_scales;
+    float *scales;        /* float block scales: of the activation row (gemv) or per 4-row group (tiles) */
+    int64_t nb;           /* activation blocks per row */
+    /* decode chunks / prefill tiles */
+    int64_t chunk, n_chunks;
+    int64_t tm, tn, ntm, ntn;
+    int64_t counter;
+} mm_ctx;
+
+/* quantize activation row i; for tiles, also scatter its float block scales into the row's lane of
+ * its 4-row group (d[nb][4], then s[nb][4]) */
+static void mm_quantize_row(mm_ctx *c, int64_t i) {
+    void *row = (void *)(c->a + i * c->as);
+    if (i < c->n_head_rows && c->from_float_head) c->from_float_head(c->x + i * c->k, row, c->k);
+    else c->from_float(c->x + i * c->k, row, c->k);
+    if (!c->act_scales) return;
+    if (c->n == 1) {
+        c->act_scales(c->k, row, c->scales);
+        return;
+    }
+    float tmp[2 * 8192];
+    const int64_t nb = c->nb;
+    if (2 * nb > (int64_t)(sizeof(tmp) / sizeof(tmp[0]))) return;
+    c->act_scales(c->k, row, tmp);
+    float *g = c->scales + (i / 4) * 8 * nb;
+    const int r = (int)(i % 4);
+    for (int64_t ib = 0; ib < nb; ib++) {
+        g[4 * ib + r] = tmp[ib];
+        g[4 * (nb + ib) + r] = tmp[nb + ib];
+    }
+}
+
+static void mm_quantize_task(void *vctx, int ith, int nth) {
+    (void)ith; (void)nth;
+    mm_ctx *c = vctx;
+    for (;;) {
+        const int64_t i = lle_next_chunk(&c->counter);
+        if (i >= c->n) break;
+        mm_quantize_row(c, i);
+    }
+}
+
+static void mm_rows_task(void *vctx, int ith, int nth) {
+    (void)ith; (void)nth;
+    mm_ctx *c = vctx;
+    const lle_vec_dot_fn vd = c->vd;
+    const lle_gemv_fn gemv = c->scales ? c->gemv : NULL;
+    for (;;) {
+        const int64_t ch = lle_next_chunk(&c->counter);
+        if (ch >= c->n_chunks) break;
+        const int64_t j0 = ch * c->chunk;
+        const int64_t j1 = j0 + c->chunk < c->m ? j0 + c->chunk : c->m;
+        if (gemv) {
+            gemv(c->k, c->w + j0 * c->ws, c->ws, (int)(j1 - j0), c->a, c->scales, c->out + j0);
+        } else {
+            for (int64_t j = j0; j < j1; j++) vd(c->k, c->out + j, c->w + j * c->ws, c->a);
+        }
+    }
+}
+
+static void mm_tiles_task(void *vctx, int ith, int nth) {
+    (void)ith; (void)nth;
+    mm_ctx *c = vctx;
+    const lle_vec_dot_fn vd = c->vd;
+    const lle_tile_fn tile = c->tile;
+    for (;;) {
+        const int64_t t = lle_next_chunk(&c->counter);
+        if (t >= c->ntm * c->ntn) break;
+        const int64_t bi = t / c->ntm, bj = t % c->ntm;
+        const int64_t i0 = bi * c->tn, i1 = i0 + c->tn < c->n ? i0 + c->tn : c->n;
+        const int64_t j0 = bj * c->tm, j1 = j0 + c->tm < c->m ? j0 + c->tm : c->m;
+        if (tile || c->tile_head) {
+            for (int64_t i = i0; i < i1; i += 4) {
+                const int nr = (int)(i1 - i < 4 ? i1 - i : 4);
+                const lle_tile_fn ti = i < c->n_head_rows ? c->tile_head : tile;
+                if (!ti) {  /* rows of an order without a tile */
+                    for (int64_t r = i; r < i + nr; r++) {
+                        const lle_vec_dot_fn vdi = r < c->n_head_rows ? c->vd_head : vd;
+                        for (int64_t j = j0; j < j1; j++)
+                            vdi(c->k, c->out + r * c->ldo + j, c->w + j * c->ws, c->a + r * c->as);
+                    }
+                    continue;
+                }
+                const float *sc = c->scales ? c->scales + (i / 4) * 8 * c->nb : NULL;
+                ti(c->k, c->w + j0 * c->ws, c->ws, (int)(j1 - j0), c->a + i * c->as, c->as, sc, nr,
+                   c->out + i * c->ldo + j0, (size_t)c->ldo);
+            }
+        } else {
+            for (int64_t i = i0; i < i1; i++) {
+                const lle_vec_dot_fn vdi = i < c->n_head_rows ? c->vd_head : vd;
+                for (int64_t j = j0; j < j1; j++)
+                    vdi(c->k, c->out + i * c->ldo + j, c->w + j * c->ws, c->a + i * c->as);
+            }
+        }
+    }
+}
+
+int lle_matmul(int type, const void *w, long long w_stride, long long m, long long k,
+               const float *x, long long n, float *out, long long ldo) {
+    if (!valid_type(type) || m < 0 || n < 0 || k <= 0 || k > 0x7fffffff) return -1;
+    if (lle_row_size(type, k) < 0) return -1;
+    if (m == 0 || n == 0) return 0;
+    lle_lock();
+    ensure_init();
+    const lle_kernels *kw = &g_active[type];
+    const int vt = lle_type_traits[type].vec_type;
+    const lle_from_float_fn ff = g_active[vt].from_float;
+    if (!kw->vec_dot || !ff) {
+        lle_unlock();
+        return -1;
+    }
+    const int nth = lle_pool_threads();
+    mm_ctx c = {0};
+    c.kw = kw;
+    c.type = type;
+    c.w = w;
+    c.ws = w_stride > 0 ? (size_t)w_stride : (size_t)lle_row_size(type, k);
+    c.m = m;
+    c.k = (int)k;
+    c.n = n;
+    c.out = out;
+    c.ldo = ldo > 0 ? ldo : m;
+    /* the summation order llama.cpp uses for this product (see lle_kernels) */
+    const int plain = type == T_F32 || type == T_F16 || type == T_BF16;
+    c.vd = kw->vec_dot;
+    c.tile = kw->tile;
+    c.gemv = kw->gemv;
+    if (kw->vec_dot_r8 && m % 8 == 0) {
+        c.vd = kw->vec_dot_r8;
+        c.tile = NULL;
+        c.gemv = NULL;
+        if (kw->vec_dot_r8_gemm && n > 3) {
+            c.vd_head = kw->vec_dot_r8_gemm;
+            c.tile_head = kw->tile_r8_gemm;
+            c.n_head_rows = n - n % 4;
+            c.from_float_head = g_active[vt].from_float_r8;
+        }
+    } else if (kw->vec_dot_tiled && n >= 8) {
+        c.vd = kw->vec_dot_tiled;
+        c.tile = kw->tile_tiled;
+    } else if (n >= 2 && kw->vec_dot_batch && (!plain || (m % 4 == 0 && k % 8 == 0))) {
+        c.vd = kw->vec_dot_batch;
+        c.tile = NULL;
+    }
+    /* float activation scales for the decode kernel (one row) or the tiles (per 4-row group) */
+    const int uses_tiles = n > 1 && c.tile;
+    const lle_act_scales_fn asf = (n == 1 && c.gemv) || uses_tiles ? g_active[vt].act_scales : NULL;
+    c.nb = k / lle_type_traits[vt].block_size;
+    const size_t scale_floats = asf ? (n == 1 ? 2 * (size_t)c.nb : (size_t)((n + 3) / 4) * 8 * (size_t)c.nb) : 0;
+    if (vt == T_F32) {
+        c.a = (const uint8_t *)x;
+        c.as = (size_t)k * sizeof(float);
+    } else {
+        c.as = (size_t)lle_row_size(vt, k);
+        const size_t act_bytes = (c.as * (size_t)n + 63) & ~(size_t)63;
+        uint8_t *a = scratch_get(&g_scratch_mm, act_bytes + scale_floats * sizeof(float));
+        if (!a) {
+            lle_unlock();
+            return -2;
+        }
+        c.a = a;
+        c.x = x;
+        c.from_float = ff;
+        if (asf) {
+            c.act_scales = asf;
+            c.scales = (float *)(a + act_bytes);
+            if (n > 1 && n % 4) memset(c.scales, 0, scale_floats * sizeof(float));  /* unused lanes */
+        }
+        if (n <= 4 || nth == 1) mm_quantize_task(&c, 0, 1);
+        else lle_pool_run(mm_quantize_task, &c);
+        c.counter = 0;
+    }
+    if (n == 1) {
+        int64_t chunk = m / (nth * 16);
+        if (chunk < 8) chunk = 8;
+        c.chunk = chunk;
+        c.n_chunks = (m + chunk - 1) / chunk;
+        /* small products (under ~16 KB of weights) are not worth waking the pool */
+        if (nth == 1 || c.n_chunks == 1 || (int64_t)c.ws * m < 16384) mm_rows_task(&c, 0, 1);
+        else lle_pool_run(mm_rows_task, &c);
+    } else {
+        int64_t tm = 16384 / (int64_t)c.ws;
+        if (tm < 4) tm = 4;
+        if (tm > 64) tm = 64;
+        c.tm = tm;
+        c.tn = n < 64 ? n : 64;
+        c.ntm = (m + tm - 1) / tm;
+        c.ntn = (n + c.tn - 1) / c.tn;
+        if (nth == 1 || c.ntm * c.ntn == 1) mm_tiles_task(&c, 0, 1);
+        else lle_pool_run(mm_tiles_task, &c);
+    }
+    lle_unlock();
+    return 0;
+}
+
+/* ---------------------------------------------------------------- rows, dequantize, test hooks */
+
+int lle_get_rows(int type, const void *w, long long w_stride, long long k, const int *ids, long long n, float *out) {
+    if (!valid_type(type) || lle_row_size(type, k) < 0) return -1;
+    lle_lock();
+    ensure_init();
+    const lle_to_float_fn tf = g_active[type].to_float;
+    const size_t ws = w_stride > 0 ? (size_t)w_stride : (size_t)lle_row_size(type, k);
+    if (!tf) {
+        lle_unlock();
+        return -1;
+    }
+    for (long long i = 0; i < n; i++) tf((const uint8_t *)w + (size_t)ids[i] * ws, out + i * k, k);
+    lle_unlock();
+    return 0;
+}
+
+int lle_dequantize(int type, const void *w, long long n_rows, long long k, float *out) {
+    if (!valid_type(type) || lle_row_size(type, k) < 0) return -1;
+    lle_lock();
+    ensure_init();
+    const lle_to_float_fn tf = g_active[type].to_float;
+    if (!tf) {
+        lle_unlock();
+        return -1;
+    }
+    tf(w, out, n_rows * k);
+    lle_unlock();
+    return 0;
+}
+
+int lle_quantize_act(int type, const float *x, long long n, long long k, void *out) {
+    if (!valid_type(type) || lle_row_size(type, k) < 0) return -1;
+    lle_lock();
+    ensure_init();
+    const lle_from_float_fn ff = g_active[type].from_float;
+    if (!ff) {
+        lle_unlock();
+        return -1;
+    }
+    const size_t rs = (size_t)lle_row_size(type, k);
+    for (long long i = 0; i < n; i++) ff(x + i * k, (uint8_t *)out + i * rs, k);
+    lle_unlock();
+    return 0;
+}
+
+int lle_vec_dot(int type, long long k, const void *w_row, const void *act_row, float *out) {
+    if (!valid_type(type) || lle_row_size(type, k) < 0) return -1;
+    lle_lock();
+    ensure_init();
+    const lle_vec_dot_fn vd = g_active[type].vec_dot;
+    if (!vd) {
+        lle_unlock();
+        return -1;
+    }
+    vd((int)k, out, w_row, act_row);
+    lle_unlock();
+    return 0;
+}

@@ -1,0 +1,370 @@
+/* The float ops of a forward pass: RMS norm, RoPE (normal and NeoX), softmax, attention over an
+ * F16 or F32 KV cache (causal, sliding window, grouped-query heads, soft-capping), SiLU/GELU gated
+ * products, add, scale and soft-cap. Arithmetic follows ggml's CPU ops (double accumulation in
+ * norms and softmax sums, the iterative RoPE theta, the F16 GELU table) so that results agree with
+ * llama.cpp; the inner loops come from the selected ISA's lle_op_kernels.
+ */
+#include "common.h"
+
+#include <stdlib.h>
+
+lle_half lle_gelu_table[65536];
+const lle_op_kernels *lle_ops = &lle_ops_scalar;
+
+/* provided by api.c */
+void *lle_scratch_ops(size_t bytes);
+void lle_lock(void);
+void lle_unlock(void);
+void lle_ensure_init(void);
+
+/* ---------------------------------------------------------------- scalar inner loops */
+
+static void swiglu_scalar(int n, float *y, const float *x, const float *g) {
+    for (int i = 0; i < n; ++i) y[i] = x[i] / (1.0f + expf(-x[i])) * g[i];
+}
+
+static void geglu_scalar(int n, float *y, const float *x, const float *g) {
+    for (int i = 0; i < n; ++i) {
+        if (x[i] <= -10.0f) {
+            y[i] = 0.0f;
+        } else if (x[i] >= 10.0f) {
+            y[i] = x[i] * g[i];
+        } else {
+            y[i] = FP16(lle_gelu_table[lle_fp32_to_fp16(x[i])]) * g[i];
+        }
+    }
+}
+
+static double softmax_exp_scalar(int n, float *y, const float *x, float max) {
+    double sum = 0;
+    for (int i = 0; i < n; ++i) {
+        const float val = expf(x[i] - max);
+        sum += (double)val;
+        y[i] = val;
+    }
+    return sum;
+}
+
+/* Attention of one query row and head, plainly: the semantics of llama.cpp's attention without
+ * flash-attention (Q rounded to the cache type, scores soft-capped then scaled, softmax, the
+ * probabilities rounded to the cache type, then the weighted sum of V) in sequential float order. */
+static void attn_row_scalar(const lle_attn_args *a, int64_t i, int64_t h, float *scratch) {
+    const int64_t d = a->d, t = a->t;
+    const int64_t g = h / (a->n_head / a->n_kv);
+    const size_t esz = a->kv_f16 ? 2 : 4;
+    float *w = scratch;
+    float *qb = w + ((t + 31) & ~(int64_t)31);
+    float *acc = qb + d;
+    const float *q = a->q + (i * a->n_head + h) * d;
+    for (int64_t e = 0; e < d; e++) qb[e] = a->kv_f16 ? FP16(lle_fp32_to_fp16(q[e])) : q[e];
+    const int qp = a->q_pos[i];
+    const float inv_cap = a->softcap > 0 ? 1.0f / a->softcap : 0.0f;
+    float max = -INFINITY;
+    for (int64_t j = 0; j < t; j++) {
+        const int kp = a->k_pos[j];
+        if (kp < 0 || kp > qp || (a->window > 0 && qp - kp >= a->window)) {
+            w[j] = -INFINITY;
+            continue;
+        }
+        const uint8_t *kr = a->k + (size_t)(j * a->ks_t + g * a->ks_h) * esz;
+        float s = 0;
+        if (a->kv_f16) for (int64_t e = 0; e < d; e++) s += FP16(((const lle_half *)kr)[e]) * qb[e];
+        else for (int64_t e = 0; e < d; e++) s += ((const float *)kr)[e] * qb[e];
+        if (a->softcap > 0) s = tanhf(s * inv_cap) * a->softcap;
+        w[j] = s * a->scale;
+        if (w[j] > max) max = w[j];
+    }
+    float *o = a->out + (i * a->n_head + h) * d;
+    if (max == -INFINITY) {
+        memset(o, 0, (size_t)d * sizeof(float));
+        return;
+    }
+    const float inv = (float)(1.0 / softmax_exp_scalar((int)t, w, w, max));
+    memset(acc, 0, (size_t)d * sizeof(float));
+    for (int64_t j = 0; j < t; j++) {
+        if (w[j] == 0.0f) continue;
+        const float p = a->kv_f16 ? FP16(lle_fp32_to_fp16(w[j] * inv)) : w[j] * inv;
+        const uint8_t *vr = a->v + (size_t)(j * a->vs_t + g * a->vs_h) * esz;
+        if (a->kv_f16) for (int64_t e = 0; e < d; e++) acc[e] += FP16(((const lle_half *)vr)[e]) * p;
+        else for (int64_t e = 0; e < d; e++) acc[e] += ((const float *)vr)[e] * p;
+    }
+    memcpy(o, acc, (size_t)d * sizeof(float));
+}
+
+static void rope_head_scalar(const float *src, float *dst, const float *cache, int n_rot, int neox) {
+    const int half = n_rot / 2;
+    for (int i0 = 0; i0 < n_rot; i0 += 2) {
+        const int a = neox ? i0 / 2 : i0, b = neox ? i0 / 2 + half : i0 + 1;
+        const float x0 = src[a], x1 = src[b];
+        dst[a] = x0 * cache[i0] - x1 * cache[i0 + 1];
+        dst[b] = x0 * cache[i0 + 1] + x1 * cache[i0];
+    }
+}
+
+lle_op_kernels lle_ops_scalar = {swiglu_scalar, geglu_scalar, softmax_exp_scalar, rope_head_scalar, attn_row_scalar};
+
+void lle_build_gelu_table(void) {
+    const float GELU_COEF_A = 0.044715f;
+    const float SQRT_2_OVER_PI = 0.79788456080286535587989211986876f;
+    for (int i = 0; i < 65536; ++i) {
+        const float f = FP16((lle_half)i);
+        /* ggml_gelu_f32 as GCC compiles it in llama.cpp's native builds: the inner 1 + a*x*x is
+         * contracted to one fused multiply-add */
+        const float inner = fmaf(GELU_COEF_A * f, f, 1.0f);
+        const float g = 0.5f * f * (1.0f + tanhf(SQRT_2_OVER_PI * f * inner));
+        lle_gelu_table[i] = lle_fp32_to_fp16(g);
+    }
+}
+
+/* ---------------------------------------------------------------- row-parallel helper */
+
+typedef void (*row_fn)(void *ctx, int64_t r0, int64_t r1);
+typedef struct { row_fn fn; void *ctx; int64_t n_rows; int64_t chunk; int64_t counter; } rows_ctx;
+
+static void rows_task(void *vctx, int ith, int nth) {
+    (void)ith; (void)nth;
+    rows_ctx *c = vctx;
+    for (;;) {
+        const int64_t i0 = lle_next_chunk(&c->counter) * c->chunk;
+        if (i0 >= c->n_rows) break;
+        const int64_t i1 = i0 + c->chunk < c->n_rows ? i0 + c->chunk : c->n_rows;
+        c->fn(c->ctx, i0, i1);
+    }
+}
+
+/* split [0, n_rows) over the pool when the total work (in values) is worth it */
+static void parallel_rows(row_fn fn, void *ctx, int64_t n_rows, int64_t work_per_row) {
+    const int nth = lle_pool_threads();
+    if (nth <= 1 || n_rows < 2 || n_rows * work_per_row < 32768) {
+        fn(ctx, 0, n_rows);
+        return;
+    }
+    int64_t chunk = n_rows / (nth * 4);
+    if (chunk < 1) chunk = 1;
+    rows_ctx c = {fn, ctx, n_rows, chunk, 0};
+    lle_pool_run(rows_task, &c);
+}
+
+/* ---------------------------------------------------------------- rms_norm */
+
+typedef struct { const float *x, *w; int64_t d; float eps; float *out; } rms_ctx;
+
+static void rms_rows(void *vctx, int64_t r0, int64_t r1) {
+    const rms_ctx *c = vctx;
+    for (int64_t r = r0; r < r1; r++) {
+        const float *x = c->x + r * c->d;
+        float *y = c->out + r * c->d;
+        double sum = 0.0;
+        for (int64_t i = 0; i < c->d; i++) sum += (double)(x[i] * x[i]);
+        const float mean = (float)(sum / c->d);
+        const float scale = 1.0f / sqrtf(mean + c->eps);
+        if (c->w) {
+            for (int64_t i = 0; i < c->d; i++) y[i] = (x[i] * scale) * c->w[i];
+        } else {
+            for (int64_t i = 0; i < c->d; i++) y[i] = x[i] * scale;
+        }
+    }
+}
+
+int lle_rms_norm(const float *x, const float *w, long long n, long long d, float eps, float *out) {
+    lle_lock();
+    lle_ensure_init();
+    rms_ctx c = {x, w, d, eps, out};
+    parallel_rows(rms_rows, &c, n, d);
+    lle_unlock();
+    return 0;
+}
+
+/* ---------------------------------------------------------------- rope */
+
+typedef struct {
+    const float *x; const int *pos; int64_t n_head, head_dim; int n_rot;
+    float freq_scale, theta_scale; int neox; const float *freq_factors; float *out;
+} rope_ctx;
+
+static void rope_rows(void *vctx, int64_t r0, int64_t r1) {
+    const rope_ctx *c = vctx;
+    float cache[2048];
+    const int n_rot = c->n_rot;
+    for (int64_t r = r0; r < r1; r++) {
+        /* ggml_rope_cache_init: theta advances by repeated multiplication */
+        float theta = (float)c->pos[r];
+        for (int i0 = 0; i0 < n_rot; i0 += 2) {
+            const float ff = c->freq_factors ? c->freq_factors[i0 / 2] : 1.0f;
+            const float th = c->freq_scale * (theta / ff);
+            cache[i0 + 0] = cosf(th);
+            cache[i0 + 1] = sinf(th);
+            theta *= c->theta_scale;
+        }
+        for (int64_t h = 0; h < c->n_head; h++) {
+            const float *src = c->x + (r * c->n_head + h) * c->head_dim;
+            float *dst = c->out + (r * c->n_head + h) * c->head_dim;
+            lle_ops->rope_head(src, dst, cache, n_rot, c->neox);
+            if (dst != src)
+                for (int64_t i = n_rot; i < c->head_dim; i++) dst[i] = src[i];
+        }
+    }
+}
+
+int lle_rope(const float *x, const int *pos, long long n, long long n_head, long long head_dim,
+             int n_rot, float freq_base, float freq_scale, int neox, const float *freq_factors,
+             float *out) {
+    if (n_rot > head_dim || n_rot % 2 != 0 || n_rot > 2048) return -1;
+    lle_lock();
+    lle_ensure_init();
+    rope_ctx c = {x, pos, n_head, head_dim, n_rot, freq_scale, powf(freq_base, -2.0f / n_rot), neox,
+                  freq_factors, out};
+    parallel_rows(rope_rows, &c, n, n_head * head_dim * 8);
+    lle_unlock();
+    return 0;
+}
+
+/* ---------------------------------------------------------------- softmax */
+
+typedef struct { const float *x; int64_t d; float scale; float *out; } softmax_ctx;
+
+static void softmax_rows(void *vctx, int64_t r0, int64_t r1) {
+    const softmax_ctx *c = vctx;
+    for (int64_t r = r0; r < r1; r++) {
+        const float *x = c->x + r * c->d;
+        float *y = c->out + r * c->d;
+        float max = -INFINITY;
+        for (int64_t i = 0; i < c->d; i++) {
+            y[i] = x[i] * c->scale;
+            if (y[i] > max) max = y[i];
+        }
+        const double sum = lle_ops->softmax_exp((int)c->d, y, y, max);
+        const float inv = (float)(1.0 / sum);
+        for (int64_t i = 0; i < c->d; i++) y[i] *= inv;
+    }
+}
+
+int lle_softmax(const float *x, long long n, long long d, float scale, float *out) {
+    lle_lock();
+    lle_ensure_init();
+    softmax_ctx c = {x, d, scale, out};
+    parallel_rows(softmax_rows, &c, n, d * 4);
+    lle_unlock();
+    return 0;
+}
+
+/* ---------------------------------------------------------------- attention */
+
+typedef struct {
+    lle_attn_args a;
+    float *scratch; int64_t scratch_per_thread;
+    int64_t counter;
+} attn_ctx;
+
+static void attn_task(void *vctx, int ith, int nth) {
+    (void)nth;
+    attn_ctx *c = vctx;
+    float *scratch = c->scratch + ith * c->scratch_per_thread;
+    const int64_t n_tasks = c->a.n * c->a.n_head;
+    for (;;) {
+        const int64_t task = lle_next_chunk(&c->counter);
+        if (task >= n_tasks) break;
+        lle_ops->attn_row(&c->a, task / c->a.n_head, task % c->a.n_head, scratch);
+    }
+}
+
+int lle_attention(const float *q, long long n, long long n_head, long long d,
+                  const void *k, const void *v, int kv_f16, long long t, long long n_kv,
+                  long long k_stride_t, long long k_stride_h, long long v_stride_t, long long v_stride_h,
+                  const int *q_pos, const int *k_pos, float scale, int window, float softcap,
+                  float *out) {
+    if (n_kv <= 0 || n_head % n_kv != 0 || d <= 0 || t < 0) return -1;
+    lle_lock();
+    lle_ensure_init();
+    const int nth = lle_pool_threads();
+    const int64_t per = (lle_attn_scratch_floats(t, d) + 15) & ~(int64_t)15;
+    float *scratch = lle_scratch_ops((size_t)(per * nth) * sizeof(float));
+    if (!scratch) {
+        lle_unlock();
+        return -2;
+    }
+    attn_ctx c = {{q, n, n_head, d, k, v, kv_f16, t, n_kv, k_stride_t, k_stride_h, v_stride_t, v_stride_h,
+                   q_pos, k_pos, scale, window, softcap, out},
+                  scratch, per, 0};
+    /* below ~100k multiply-adds the pool round trip costs more than it saves */
+    if (n * n_head == 1 || nth == 1 || n * n_head * t * d < 100000) attn_task(&c, 0, 1);
+    else lle_pool_run(attn_task, &c);
+    lle_unlock();
+    return 0;
+}
+
+/* ---------------------------------------------------------------- elementwise */
+
+typedef struct { const float *a, *b; float s; int kind; float *out; } ew_ctx;
+
+static void glu_rows(void *vctx, int64_t r0, int64_t r1) {
+    const ew_ctx *c = vctx;
+    if (c->kind == 0) lle_ops->swiglu((int)(r1 - r0), c->out + r0, c->a + r0, c->b + r0);
+    else lle_ops->geglu((int)(r1 - r0), c->out + r0, c->a + r0, c->b + r0);
+}
+
+/* chunks of 1024 values are the parallel unit of the elementwise ops */
+static void parallel_elems(row_fn fn, void *ctx, int64_t n) {
+    const int64_t blk = 1024;
+    const int nth = lle_pool_threads();
+    if (nth <= 1 || n < 65536) {
+        fn(ctx, 0, n);
+        return;
+    }
+    rows_ctx c = {fn, ctx, n, blk * ((n / blk) / (nth * 4) + 1), 0};
+    lle_pool_run(rows_task, &c);
+}
+
+int lle_glu(const float *gate, const float *up, long long n, int kind, float *out) {
+    if (kind != 0 && kind != 1) return -1;
+    lle_lock();
+    lle_ensure_init();
+    ew_ctx c = {gate, up, 0, kind, out};
+    parallel_elems(glu_rows, &c, n);
+    lle_unlock();
+    return 0;
+}
+
+static void add_rows(void *vctx, int64_t r0, int64_t r1) {
+    const ew_ctx *c = vctx;
+    for (int64_t i = r0; i < r1; i++) c->out[i] = c->a[i] + c->b[i];
+}
+
+int lle_add(const float *a, const float *b, long long n, float *out) {
+    lle_lock();
+    lle_ensure_init();
+    ew_ctx c = {a, b, 0, 0, out};
+    parallel_elems(add_rows, &c, n);
+    lle_unlock();
+    return 0;
+}
+
+static void scale_rows(void *vctx, int64_t r0, int64_t r1) {
+    const ew_ctx *c = vctx;
+    for (int64_t i = r0; i < r1; i++) c->out[i] = c->a[i] * c->s;
+}
+
+int lle_scale(const float *x, float s, long long n, float *out) {
+    lle_lock();
+    lle_ensure_init();
+    ew_ctx c = {x, NULL, s, 0, out};
+    parallel_elems(scale_rows, &c, n);
+    lle_unlock();
+    return 0;
+}
+
+static void softcap_rows(void *vctx, int64_t r0, int64_t r1) {
+    const ew_ctx *c = vctx;
+    const float inv = 1.0f / c->s;  /* ggml: scale(1/cap), tanh, scale(cap) */
+    for (int64_t i = r0; i < r1; i++) c->out[i] = tanhf(c->a[i] * inv) * c->s;
+}
+
+int lle_softcap(const float *x, float cap, long long n, float *out) {
+    if (!(cap > 0)) return -1;
+    lle_lock();
+    lle_ensure_init();
+    ew_ctx c = {x, NULL, cap, 0, out};
+    parallel_elems(softcap_rows, &c, n);
+    lle_unlock();
+    return 0;
+}

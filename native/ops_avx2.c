@@ -1,0 +1,323 @@
+/* AVX2 + FMA + F16C inner loops of the float ops: SiLU/GELU gated products (ggml's vectorized expf,
+ * so values agree with llama.cpp on AVX2 machines), float/half dot products and axpy for attention,
+ * and the exponentials of softmax.
+ */
+#include "common.h"
+
+#if defined(LLE_X86)
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC target("avx2,fma,f16c")
+#endif
+
+#include <immintrin.h>
+
+/* ggml_v_expf (adapted by ggml from ARM's optimized routines): max error 1.45358 + 0.5 ulp */
+LLE_INLINE __m256 v_expf(__m256 x) {
+    const __m256 r = _mm256_set1_ps(0x1.8p23f);
+    const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), r);
+    const __m256 n = _mm256_sub_ps(z, r);
+    const __m256 b = _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.7f7d1cp-20f),
+                                      _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.62e4p-1f), x));
+    const __m256i e = _mm256_slli_epi32(_mm256_castps_si256(z), 23);
+    const __m256 k = _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_castps_si256(_mm256_set1_ps(1))));
+    const __m256i c = _mm256_castps_si256(_mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.f), n),
+                                                        _mm256_set1_ps(126), _CMP_GT_OQ));
+    const __m256 u = _mm256_mul_ps(b, b);
+    const __m256 j = _mm256_fmadd_ps(
+        _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b, _mm256_set1_ps(0x1.573e2ep-5f)), u,
+                        _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b, _mm256_set1_ps(0x1.fffdb6p-2f))),
+        u, _mm256_mul_ps(_mm256_set1_ps(0x1.ffffecp-1f), b));
+    if (!_mm256_movemask_ps(_mm256_castsi256_ps(c))) return _mm256_fmadd_ps(j, k, k);
+    const __m256i g = _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_LE_OQ)),
+                                       _mm256_set1_epi32((int)0x82000000u));
+    const __m256 s1 = _mm256_castsi256_ps(_mm256_add_epi32(g, _mm256_set1_epi32(0x7f000000)));
+    const __m256 s2 = _mm256_castsi256_ps(_mm256_sub_epi32(e, g));
+    const __m256i d = _mm256_castps_si256(_mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.f), n),
+                                                        _mm256_set1_ps(192), _CMP_GT_OQ));
+    return _mm256_or_ps(
+        _mm256_and_ps(_mm256_castsi256_ps(d), _mm256_mul_ps(s1, s1)),
+        _mm256_andnot_ps(_mm256_castsi256_ps(d),
+                         _mm256_or_ps(_mm256_and_ps(_mm256_castsi256_ps(c), _mm256_mul_ps(_mm256_fmadd_ps(s2, j, s2), s1)),
+                                      _mm256_andnot_ps(_mm256_castsi256_ps(c), _mm256_fmadd_ps(k, j, k)))));
+}
+
+LLE_INLINE __m256 v_silu(__m256 x) {
+    const __m256 neg_x = _mm256_sub_ps(_mm256_setzero_ps(), x);
+    return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1), v_expf(neg_x)));
+}
+
+static void swiglu(int n, float *y, const float *x, const float *g) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(v_silu(_mm256_loadu_ps(x + i)), _mm256_loadu_ps(g + i)));
+    for (; i < n; ++i) y[i] = x[i] / (1.0f + expf(-x[i])) * g[i];
+}
+
+static void geglu(int n, float *y, const float *x, const float *g) {
+    for (int i = 0; i < n; ++i) {
+        if (x[i] <= -10.0f) {
+            y[i] = 0.0f;
+        } else if (x[i] >= 10.0f) {
+            y[i] = x[i] * g[i];
+        } else {
+            y[i] = _cvtsh_ss(lle_gelu_table[_cvtss_sh(x[i], 0)]) * g[i];
+        }
+    }
+}
+
+LLE_INLINE float hsum8(__m256 x) {
+    __m128 res = _mm256_extractf128_ps(x, 1);
+    res = _mm_add_ps(res, _mm256_castps256_ps128(x));
+    res = _mm_add_ps(res, _mm_movehl_ps(res, res));
+    res = _mm_add_ss(res, _mm_movehdup_ps(res));
+    return _mm_cvtss_f32(res);
+}
+
+/* ---- llama.cpp's float reduction orders, reproduced exactly ----
+ * decode (one query row): ggml_vec_dot_f16/_f32 with 4 accumulators of 8 lanes (element e in
+ * accumulator (e % 32) / 8, lane e % 8), reduced as ((s0+s2)+(s1+s3)), then lanes i+(i+4), then
+ * two horizontal adds; prefill (several rows): llamafile's tinyBLAS, one 8-lane accumulator per
+ * output, reduced as (hi+lo), then (0+2)+(1+3). */
+
+#define LDH(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+
+LLE_INLINE float reduce_ggml4(__m256 s0, __m256 s1, __m256 s2, __m256 s3) {
+    const __m256 x = _mm256_add_ps(_mm256_add_ps(s0, s2), _mm256_add_ps(s1, s3));
+    const __m128 t0 = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    const __m128 t1 = _mm_hadd_ps(t0, t0);
+    return _mm_cvtss_f32(_mm_hadd_ps(t1, t1));
+}
+
+static float dot_f16_ggml(int n, const lle_half *x, const lle_half *y) {
+    const int np = n & ~31;
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
+    for (int i = 0; i < np; i += 32) {
+        s0 = _mm256_fmadd_ps(LDH(x + i), LDH(y + i), s0);
+        s1 = _mm256_fmadd_ps(LDH(x + i + 8), LDH(y + i + 8), s1);
+        s2 = _mm256_fmadd_ps(LDH(x + i + 16), LDH(y + i + 16), s2);
+        s3 = _mm256_fmadd_ps(LDH(x + i + 24), LDH(y + i + 24), s3);
+    }
+    double sumf = reduce_ggml4(s0, s1, s2, s3);
+    for (int i = np; i < n; ++i) sumf += (double)(_cvtsh_ss(x[i]) * _cvtsh_ss(y[i]));
+    return (float)sumf;
+}
+
+static float dot_f32_ggml(int n, const float *x, const float *y) {
+    const int np = n & ~31;
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
+    for (int i = 0; i < np; i += 32) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8), s1);
+        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 16), _mm256_loadu_ps(y + i + 16), s2);
+        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 24), _mm256_loadu_ps(y + i + 24), s3);
+    }
+    float sumf = reduce_ggml4(s0, s1, s2, s3);
+    for (int i = np; i < n; ++i) sumf = fmaf(x[i], y[i], sumf);
+    return sumf;
+}
+
+static float dot_f16_tb(int n, const lle_half *x, const lle_half *y) {
+    __m256 c = _mm256_setzero_ps();
+    for (int l = 0; l < n; l += 8) c = _mm256_fmadd_ps(LDH(x + l), LDH(y + l), c);
+    return hsum8(c);
+}
+
+static float dot_f32_tb(int n, const float *x, const float *y) {
+    __m256 c = _mm256_setzero_ps();
+    for (int l = 0; l < n; l += 8) c = _mm256_fmadd_ps(_mm256_loadu_ps(x + l), _mm256_loadu_ps(y + l), c);
+    return hsum8(c);
+}
+
+static double softmax_exp(int n, float *y, const float *x, float max) {
+    int i = 0;
+    double sum = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 val = v_expf(_mm256_sub_ps(_mm256_loadu_ps(x + i), _mm256_set1_ps(max)));
+        _mm256_storeu_ps(y + i, val);
+        sum += (double)hsum8(val);
+    }
+    for (; i < n; ++i) {
+        const float val = expf(x[i] - max);
+        sum += (double)val;
+        y[i] = val;
+    }
+    return sum;
+}
+
+/* Attention of one query row and head exactly as llama.cpp computes it without flash attention
+ * on an AVX2 CPU: Q rounded to the cache type, K.Q in ggml's (one query) or tinyBLAS's (several
+ * queries) order, soft-cap, scale, softmax with ggml's vectorized expf over cells padded to 8,
+ * probabilities rounded to the cache type, and the V sum in the same two orders (kept as 32 or 8
+ * partial sums per output value while cells are visited one by one). */
+static void attn_row(const lle_attn_args *a, int64_t i, int64_t h, float *scratch) {
+    const int64_t d = a->d, t = a->t;
+    const int64_t tp = (t + 31) & ~(int64_t)31, t8 = (t + 7) & ~(int64_t)7;
+    const int64_t g = h / (a->n_head / a->n_kv);
+    const int f16 = a->kv_f16;
+    const size_t esz = f16 ? 2 : 4;
+    /* llama.cpp takes the tinyBLAS path for two or more query rows when the shapes allow it */
+    const int tb_kq = a->n >= 2 && d % 8 == 0;
+    const int tb_kqv = a->n >= 2 && d % 4 == 0;
+    float *w = scratch;                       /* tp scores, then probabilities */
+    float *qf = w + 2 * tp;                   /* d floats (or d halves) */
+    lle_half *q16 = (lle_half *)qf;
+    float *acc = qf + ((d + 7) & ~(int64_t)7); /* up to 32 x d partial sums */
+    const float *q = a->q + (i * a->n_head + h) * d;
+    if (f16) {
+        int64_t e = 0;
+        for (; e + 8 <= d; e += 8)
+            _mm_storeu_si128((__m128i *)(q16 + e), _mm256_cvtps_ph(_mm256_loadu_ps(q + e), _MM_FROUND_TO_NEAREST_INT));
+        for (; e < d; e++) q16[e] = _cvtss_sh(q[e], _MM_FROUND_TO_NEAREST_INT);
+    } else {
+        memcpy(qf, q, (size_t)d * sizeof(float));
+    }
+    const int qp = a->q_pos[i];
+    const float inv_cap = a->softcap > 0 ? 1.0f / a->softcap : 0.0f;
+    /* fast path (f16 cache, head size a multiple of 8 or 32): Q converted to float once */
+    const int fast_kq = f16 && (tb_kq ? d % 8 == 0 : d % 32 == 0);
+    float *qc = acc;  /* reused: the V partial sums are only needed after the scores */
+    if (fast_kq)
+        for (int64_t e = 0; e < d; e += 8) _mm256_storeu_ps(qc + e, LDH(q16 + e));
+    float max = -INFINITY;
+    int64_t jlo = t, jhi = -1;
+    for (int64_t j = 0; j < t; j++) {
+        const int kp = a->k_pos[j];
+        if (kp < 0 || kp > qp || (a->window > 0 && qp - kp >= a->window)) {
+            w[j] = -INFINITY;
+            continue;
+        }
+        if (j < jlo) jlo = j;
+        jhi = j;
+        const uint8_t *kr = a->k + (size_t)(j * a->ks_t + g * a->ks_h) * esz;
+        float s;
+        if (fast_kq) {
+            const lle_half *kh = (const lle_half *)kr;
+            if (tb_kq) {
+                __m256 c = _mm256_setzero_ps();
+                for (int64_t l = 0; l < d; l += 8) c = _mm256_fmadd_ps(LDH(kh + l), _mm256_loadu_ps(qc + l), c);
+                s = hsum8(c);
+            } else {
+                __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
+                for (int64_t l = 0; l < d; l += 32) {
+                    s0 = _mm256_fmadd_ps(LDH(kh + l), _mm256_loadu_ps(qc + l), s0);
+                    s1 = _mm256_fmadd_ps(LDH(kh + l + 8), _mm256_loadu_ps(qc + l + 8), s1);
+                    s2 = _mm256_fmadd_ps(LDH(kh + l + 16), _mm256_loadu_ps(qc + l + 16), s2);
+                    s3 = _mm256_fmadd_ps(LDH(kh + l + 24), _mm256_loadu_ps(qc + l + 24), s3);
+                }
+                s = reduce_ggml4(s0, s1, s2, s3);
+            }
+        } else if (f16) {
+            s = tb_kq ? dot_f16_tb((int)d, (const lle_half *)kr, q16) : dot_f16_ggml((int)d, (const lle_half *)kr, q16);
+        } else {
+            s = tb_kq ? dot_f32_tb((int)d, (const float *)kr, qf) : dot_f32_ggml((int)d, (const float *)kr, qf);
+        }
+        if (a->softcap > 0) s = tanhf(s * inv_cap) * a->softcap;
+        w[j] = s * a->scale;
+        if (w[j] > max) max = w[j];
+    }
+    float *o = a->out + (i * a->n_head + h) * d;
+    if (max == -INFINITY) {
+        memset(o, 0, (size_t)d * sizeof(float));
+        return;
+    }
+    for (int64_t j = t; j < t8; j++) w[j] = -INFINITY;
+    /* the exponentials of whole 8-cell chunks outside [jlo, jhi] are all exactly 0 (masked): ggml's
+     * sum over every chunk equals the sum over the chunks that hold a visible cell */
+    const int64_t c0 = jlo & ~(int64_t)7, c1 = (jhi + 8) & ~(int64_t)7;
+    const float inv = (float)(1.0 / softmax_exp((int)(c1 - c0), w + c0, w + c0, max));
+    /* probabilities, rounded to the cache type */
+    for (int64_t j = jlo; j <= jhi; j++) {
+        const float p = w[j] * inv;
+        w[j] = f16 ? _cvtsh_ss(_cvtss_sh(p, _MM_FROUND_TO_NEAREST_INT)) : p;
+    }
+    const int L = tb_kqv ? 8 : 32;
+    const int64_t dp = (d + 7) & ~(int64_t)7;
+    if (L == 8 && f16 && d % 8 == 0) {
+        /* tinyBLAS order with the 8 lane sums of each 8-value slice in registers */
+        const int64_t j0 = jlo & ~(int64_t)7;
+        for (int64_t e = 0; e < d; e += 8) {
+            __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
+            __m256 s4 = _mm256_setzero_ps(), s5 = _mm256_setzero_ps(), s6 = _mm256_setzero_ps(), s7 = _mm256_setzero_ps();
+            const uint8_t *vbase = a->v + (size_t)(g * a->vs_h + e) * esz;
+#define VLANE(L_, S_)                                                                                         \
+    if (j + L_ <= jhi && w[j + L_] != 0.0f)                                                                  \
+        S_ = _mm256_fmadd_ps(LDH((const lle_half *)(vbase + (size_t)((j + L_) * a->vs_t) * esz)),             \
+                             _mm256_broadcast_ss(w + j + L_), S_);
+            for (int64_t j = j0; j <= jhi; j += 8) {
+                /* cells before jlo hold exp(-inf) = 0: skipped like every masked cell */
+                VLANE(0, s0) VLANE(1, s1) VLANE(2, s2) VLANE(3, s3)
+                VLANE(4, s4) VLANE(5, s5) VLANE(6, s6) VLANE(7, s7)
+            }
+#undef VLANE
+            const __m256 r = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(s4, s0), _mm256_add_ps(s6, s2)),
+                                           _mm256_add_ps(_mm256_add_ps(s5, s1), _mm256_add_ps(s7, s3)));
+            _mm256_storeu_ps(o + e, r);
+        }
+        return;
+    }
+    memset(acc, 0, (size_t)(L * dp) * sizeof(float));
+    for (int64_t j = jlo; j <= jhi; j++) {
+        const float p = w[j];
+        if (p == 0.0f) continue;
+        float *al = acc + (j % L) * dp;
+        const __m256 vp = _mm256_set1_ps(p);
+        const uint8_t *vr = a->v + (size_t)(j * a->vs_t + g * a->vs_h) * esz;
+        int64_t e = 0;
+        if (f16) {
+            const lle_half *vh = (const lle_half *)vr;
+            for (; e + 8 <= d; e += 8) _mm256_storeu_ps(al + e, _mm256_fmadd_ps(LDH(vh + e), vp, _mm256_loadu_ps(al + e)));
+            for (; e < d; e++) al[e] = fmaf(_cvtsh_ss(vh[e]), p, al[e]);
+        } else {
+            const float *vf = (const float *)vr;
+            for (; e + 8 <= d; e += 8) _mm256_storeu_ps(al + e, _mm256_fmadd_ps(_mm256_loadu_ps(vf + e), vp, _mm256_loadu_ps(al + e)));
+            for (; e < d; e++) al[e] = fmaf(vf[e], p, al[e]);
+        }
+    }
+#define A(l) _mm256_loadu_ps(acc + (l) * dp + e)
+    for (int64_t e = 0; e < dp; e += 8) {
+        __m256 r;
+        if (L == 8) {
+            r = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(A(4), A(0)), _mm256_add_ps(A(6), A(2))),
+                              _mm256_add_ps(_mm256_add_ps(A(5), A(1)), _mm256_add_ps(A(7), A(3))));
+        } else {
+            __m256 x[8];
+            for (int l = 0; l < 8; l++) x[l] = _mm256_add_ps(_mm256_add_ps(A(l), A(16 + l)), _mm256_add_ps(A(8 + l), A(24 + l)));
+            __m256 t0[4];
+            for (int l = 0; l < 4; l++) t0[l] = _mm256_add_ps(x[l], x[4 + l]);
+            r = _mm256_add_ps(_mm256_add_ps(t0[0], t0[1]), _mm256_add_ps(t0[2], t0[3]));
+        }
+        if (e + 8 <= d) {
+            _mm256_storeu_ps(o + e, r);
+        } else {
+            float tmp[8];
+            _mm256_storeu_ps(tmp, r);
+            memcpy(o + e, tmp, (size_t)(d - e) * sizeof(float));
+        }
+    }
+#undef A
+}
+
+/* ggml's rotate_pairs as GCC contracts it in an -march=native build:
+ * x0*cos - x1*sin -> fma(x0, cos, -(x1*sin)) and x0*sin + x1*cos -> fma(x0, sin, x1*cos) */
+static void rope_head(const float *src, float *dst, const float *cache, int n_rot, int neox) {
+    const int half = n_rot / 2;
+    for (int i0 = 0; i0 < n_rot; i0 += 2) {
+        const int a = neox ? i0 / 2 : i0, b = neox ? i0 / 2 + half : i0 + 1;
+        const float x0 = src[a], x1 = src[b];
+        dst[a] = fmaf(x0, cache[i0], -(x1 * cache[i0 + 1]));
+        dst[b] = fmaf(x0, cache[i0 + 1], x1 * cache[i0]);
+    }
+}
+
+lle_op_kernels lle_ops_avx2 = {swiglu, geglu, softmax_exp, rope_head, attn_row};
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#endif
+
+#else
+lle_op_kernels lle_ops_avx2;
+#endif

@@ -1,0 +1,180 @@
+/* Stand-alone self-test of the SIMD kernels against the scalar ones, for CPUs (or emulators such
+ * as qemu-aarch64) where the Python test-suite does not run. Not part of llmedge._native.
+ *
+ *   cc -O2 -pthread native/[a-z]*.c -lm -o selftest && ./selftest      (this file included)
+ *   aarch64-linux-gnu-gcc -O2 -static -pthread native/[a-z]*.c -lm -o selftest && qemu-aarch64 ./selftest
+ *
+ * For every ISA this CPU can run: activation quantization must equal the scalar bytes exactly;
+ * each weight type's dot product must agree with the scalar one to float rounding; the matmul
+ * driver (decode and prefill paths) must reproduce that ISA's own dot product bit for bit; the
+ * float ops must agree with the scalar ones. Exit status 0 when everything passes.
+ */
+#include "common.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static uint32_t rnd(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 11);
+}
+static float rndf(void) { return (float)(rnd() >> 8) / 8388608.0f - 1.0f; } /* [-1, 1) */
+
+static int failures = 0;
+#define CHECK(cond, ...)                            \
+    do {                                            \
+        if (!(cond)) {                              \
+            if (failures++ < 20) {                  \
+                printf("FAIL: " __VA_ARGS__);       \
+                printf("\n");                       \
+            }                                       \
+        }                                           \
+    } while (0)
+
+/* offsets of the f16 scales in a block, to keep random weights finite and moderate */
+static void f16_fields(int t, int *off, int *n) {
+    *n = 0;
+    switch (t) {
+    case T_Q4_0: case T_Q5_0: case T_Q8_0: case T_IQ4_NL: case T_IQ4_XS: off[(*n)++] = 0; break;
+    case T_Q4_1: case T_Q5_1: case T_Q4_K: case T_Q5_K: off[(*n)++] = 0; off[(*n)++] = 2; break;
+    case T_Q2_K: off[(*n)++] = 80; off[(*n)++] = 82; break;
+    case T_Q3_K: off[(*n)++] = 108; break;
+    case T_Q6_K: off[(*n)++] = 208; break;
+    default: break;
+    }
+}
+
+static void random_weights(int t, int m, int k, uint8_t *w) {
+    const long long rs = lle_row_size(t, k);
+    if (t == T_F32) {
+        for (long long i = 0; i < (long long)m * k; i++) ((float *)w)[i] = rndf();
+        return;
+    }
+    if (t == T_F16) {
+        for (long long i = 0; i < (long long)m * k; i++) ((lle_half *)w)[i] = lle_fp32_to_fp16(rndf());
+        return;
+    }
+    if (t == T_BF16) {
+        for (long long i = 0; i < (long long)m * k; i++) ((uint16_t *)w)[i] = lle_fp32_to_bf16(rndf());
+        return;
+    }
+    for (long long i = 0; i < rs * m; i++) w[i] = (uint8_t)rnd();
+    int off[2], nf;
+    f16_fields(t, off, &nf);
+    const int bsz = lle_type_size(t);
+    for (long long b = 0; b < rs * m / bsz; b++)
+        for (int f = 0; f < nf; f++) {
+            const lle_half h = lle_fp32_to_fp16(rndf() * 0.05f);
+            memcpy(w + b * bsz + off[f], &h, 2);
+        }
+}
+
+static void test_types(int isa) {
+    static const int types[] = {T_F32, T_F16, T_BF16, T_Q4_0, T_Q4_1, T_Q5_0, T_Q5_1, T_Q8_0, T_Q2_K,
+                                T_Q3_K, T_Q4_K, T_Q5_K, T_Q6_K, T_IQ4_NL, T_IQ4_XS};
+    const int k = 512, m = 37, n = 5;
+    float *x = malloc(sizeof(float) * n * k), *out = malloc(sizeof(float) * n * m);
+    uint8_t *w = malloc(1 << 20), *qa = malloc(1 << 20), *qb = malloc(1 << 20);
+    for (int i = 0; i < n * k; i++) x[i] = rndf() * 3.0f;
+    for (int i = k; i < 2 * k; i++) x[i] = (i % 32 == 0) ? 127.0f : (float)((int)(rndf() * 120)) + 0.5f;  /* ties */
+    for (unsigned ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
+        const int t = types[ti], vt = lle_vec_type(t);
+        const long long rs = lle_row_size(t, k), vs = lle_row_size(vt, k);
+        random_weights(t, m, k, w);
+        lle_set_isa(ISA_SCALAR);
+        lle_quantize_act(vt, x, n, k, qa);
+        float ref[64];
+        for (int j = 0; j < m; j++) lle_vec_dot(t, k, w + j * rs, qa, &ref[j]);
+        const int mode0 = lle_act_rounding_mode();
+        for (int mode = 0; mode < 3; mode++) {  /* every rounding variant, then back to the default */
+            lle_set_act_rounding(mode);
+            lle_set_isa(ISA_SCALAR);
+            lle_quantize_act(vt, x, n, k, qa);
+            lle_set_isa(isa);
+            lle_quantize_act(vt, x, n, k, qb);
+            CHECK(memcmp(qa, qb, (size_t)(vs * n)) == 0, "%s activations (%s, rounding %d) differ from scalar",
+                  lle_type_traits[t].name, lle_type_traits[vt].name, mode);
+        }
+        lle_set_act_rounding(mode0);
+        lle_set_isa(ISA_SCALAR);
+        lle_quantize_act(vt, x, n, k, qa);
+        lle_set_isa(isa);
+        lle_quantize_act(vt, x, n, k, qb);
+        float mine[64], mag = 0;
+        for (int j = 0; j < m; j++) {
+            lle_vec_dot(t, k, w + j * rs, qb, &mine[j]);
+            mag = fmaxf(mag, fabsf(ref[j]));
+        }
+        for (int j = 0; j < m; j++)
+            CHECK(fabsf(mine[j] - ref[j]) <= 1e-5f * mag + 1e-6f, "%s dot row %d: %g vs scalar %g", lle_type_traits[t].name,
+                  j, mine[j], ref[j]);
+        lle_matmul(t, w, rs, m, k, x, 1, out, m);
+        for (int j = 0; j < m; j++)
+            CHECK(out[j] == mine[j], "%s decode matmul row %d: %g vs vec_dot %g", lle_type_traits[t].name, j, out[j], mine[j]);
+        lle_matmul(t, w, rs, m, k, x, n, out, m);
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < m; j++) {
+                float v;
+                lle_vec_dot(t, k, w + j * rs, qb + i * vs, &v);
+                CHECK(fabsf(out[i * m + j] - v) <= 1e-5f * mag + 1e-6f, "%s prefill matmul [%d,%d]: %g vs %g",
+                      lle_type_traits[t].name, i, j, out[i * m + j], v);
+            }
+    }
+    free(x); free(out); free(w); free(qa); free(qb);
+}
+
+static void compare(const char *what, const float *a, const float *b, int n, float tol) {
+    float mag = 0, err = 0;
+    for (int i = 0; i < n; i++) {
+        mag = fmaxf(mag, fabsf(a[i]));
+        err = fmaxf(err, fabsf(a[i] - b[i]));
+    }
+    CHECK(err <= tol * (mag + 1e-6f), "%s: max error %g (magnitude %g)", what, err, mag);
+}
+
+static void test_ops(int isa) {
+    enum { N = 3, H = 4, D = 64, T = 19, KV = 2 };
+    float x[N * H * D], w[D], a[N * H * D], b[N * H * D], g[N * H * D];
+    lle_half k[T * KV * D], v[T * KV * D];
+    int pos[N] = {3, 11, 18}, kpos[T];
+    for (int i = 0; i < N * H * D; i++) { x[i] = rndf() * 4; g[i] = rndf(); }
+    for (int i = 0; i < D; i++) w[i] = rndf();
+    for (int i = 0; i < T * KV * D; i++) { k[i] = lle_fp32_to_fp16(rndf()); v[i] = lle_fp32_to_fp16(rndf()); }
+    for (int i = 0; i < T; i++) kpos[i] = i;
+    const int isas[2] = {ISA_SCALAR, isa};
+    float *res[2] = {a, b};
+    const char *names[] = {"rms_norm", "rope", "softmax", "glu silu", "glu gelu", "attention"};
+    for (int op = 0; op < 6; op++) {
+        for (int s = 0; s < 2; s++) {
+            lle_set_isa(isas[s]);
+            switch (op) {
+            case 0: lle_rms_norm(x, w, N * H, D, 1e-5f, res[s]); break;
+            case 1: lle_rope(x, pos, N, H, D, D, 10000.0f, 1.0f, 1, NULL, res[s]); break;
+            case 2: lle_softmax(x, N * H, D, 0.5f, res[s]); break;
+            case 3: lle_glu(x, g, N * H * D, 0, res[s]); break;
+            case 4: lle_glu(x, g, N * H * D, 1, res[s]); break;
+            case 5: lle_attention(x, N, H, D, k, v, 1, T, KV, KV * D, D, KV * D, D, pos, kpos, 0.125f, 0, 0.0f, res[s]); break;
+            }
+        }
+        compare(names[op], a, b, N * H * D, op == 5 ? 2e-3f : 1e-5f);
+    }
+}
+
+int main(void) {
+    lle_init(2);
+    static const char *isa_names[] = {"scalar", "avx2", "avx512", "neon"};
+    int tested = 0;
+    for (int isa = 1; isa < ISA_COUNT; isa++) {
+        if (!lle_isa_available(isa)) continue;
+        printf("testing %s against scalar\n", isa_names[isa]);
+        test_types(isa);
+        test_ops(isa);
+        tested++;
+    }
+    if (!tested) printf("no SIMD ISA available: nothing to compare\n");
+    printf("%s (%d failures)\n", failures ? "FAILED" : "PASSED", failures);
+    return failures ? 1 : 0;
+}
