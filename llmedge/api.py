@@ -10,9 +10,10 @@ from typing import Any
 import numpy as np
 
 from llmedge.backends import choose_backend, make_backend
-from llmedge.engine import Chunk, Engine, Timings
+from llmedge.engine import DEFAULT_PREFIX_CACHE_BYTES, Chunk, Engine, Timings
 from llmedge.errors import LlmedgeError
 from llmedge.gguf import GGUFFile
+from llmedge.kvcache import check_kv_type
 from llmedge.models import model_class
 from llmedge.sampling import Sampler, SamplingOptions
 from llmedge.template import ChatTemplate
@@ -25,8 +26,10 @@ class Model:
     """A loaded GGUF model: tokenizer, chat template, forward pass and an engine to generate with."""
 
     def __init__(self, path: Path, backend: str = "auto", n_ctx: int = 4096, n_threads: int | None = None,
-                 kv_type: str = "f16", n_batch: int = 512, name: str | None = None) -> None:
+                 kv_type: str = "f16", n_batch: int = 512, name: str | None = None,
+                 prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES) -> None:
         t0 = time.perf_counter_ns()
+        check_kv_type(kv_type)
         self.path = Path(path)
         self.name = name or self.path.name
         self.gguf = GGUFFile(self.path)
@@ -42,7 +45,8 @@ class Model:
             raise LlmedgeError(f"a context of {n_ctx} tokens is too small")
         self.n_ctx = min(n_ctx, self.params.n_ctx_train)
         self.engine = Engine(self.model, self.tokenizer, self.n_ctx, n_batch, kv_type,
-                             load_duration=time.perf_counter_ns() - t0)
+                             load_duration=time.perf_counter_ns() - t0, prefix_cache_bytes=prefix_cache_bytes)
+        self._digest: str | None = None
 
     # -- text <-> tokens -------------------------------------------------------------------------
     def tokenize(self, text: str, add_bos: bool = False, special: bool = False) -> list[int]:
@@ -68,20 +72,84 @@ class Model:
         return self.engine.logits([int(t) for t in ids])
 
     def generate(self, prompt: str | Sequence[int], raw: bool = False, max_tokens: int = 128,
-                 stop: Sequence[str] = (), **options: Any) -> Iterator[Chunk]:
-        """Stream :class:`Chunk` s; options are Ollama's names (temperature, top_k, seed, ...)."""
+                 stop: Sequence[str] = (), shift: bool = True, **options: Any) -> Iterator[Chunk]:
+        """Stream :class:`Chunk` s; options are Ollama's names (temperature, top_k, seed, ...).
+
+        A full context is shifted: the first ``num_keep`` tokens (alias ``n_keep``; default: the
+        system prompt of a chat, else BOS) stay, half of the rest is dropped. ``shift=False`` stops
+        with done_reason ``length`` instead.
+        """
         if "num_predict" in options:
             max_tokens = options.pop("num_predict")
+        n_keep = options.pop("num_keep", None)
+        if "n_keep" in options:
+            n_keep = options.pop("n_keep")
         unknown = set(options) - _SAMPLING_FIELDS
         if unknown:
             raise LlmedgeError(f"unknown generation option(s): {', '.join(sorted(unknown))}")
         sampler = Sampler(SamplingOptions(**options))
         if isinstance(stop, str):
             stop = (stop,)
-        return self.engine.generate(self.prompt_ids(prompt, raw), sampler, max_tokens, tuple(stop))
+        return self.engine.generate(self.prompt_ids(prompt, raw), sampler, max_tokens, tuple(stop),
+                                    shift=shift, n_keep=n_keep)
 
     def chat(self, messages: list[dict[str, Any]], **options: Any) -> Iterator[Chunk]:
-        return self.generate(self.template.encode(messages), **options)
+        ids = self.template.encode(messages)
+        if options.get("num_keep") is None and options.get("n_keep") is None:
+            options.pop("n_keep", None)
+            options["num_keep"] = self.system_keep(messages, ids)
+        return self.generate(ids, **options)
+
+    def system_keep(self, messages: list[dict[str, Any]], ids: Sequence[int] | None = None) -> int | None:
+        """How many leading tokens of the conversation's ids the system message takes (None: no system
+        message; the engine then keeps BOS only)."""
+        if not messages or messages[0].get("role") != "system":
+            return None
+        ids = self.template.encode(messages) if ids is None else ids
+        try:
+            head = self.template.encode(messages[:1], add_generation_prompt=False)
+        except LlmedgeError:
+            return None
+        n = 0
+        for a, b in zip(head, ids):
+            if a != b:
+                break
+            n += 1
+        return n
+
+    # -- KV cache and sequence state -------------------------------------------------------------
+    @property
+    def kv_type(self) -> str:
+        return self.engine.kv_type
+
+    @property
+    def cache_bytes(self) -> int:
+        """KV cache bytes allocated for one sequence (what ``llmedge show`` / ``ps`` report)."""
+        return self.engine.cache_bytes
+
+    def cache_info(self) -> dict[str, Any]:
+        """KV cache memory and layout: type, context, bytes per sequence, full / ring layers, prefix LRU."""
+        return self.engine.memory()
+
+    @property
+    def digest(self) -> str:
+        """``sha256:<hex>`` of the model file (state files are tied to it)."""
+        if self._digest is None:
+            from llmedge.state import model_digest
+
+            self._digest = model_digest(self.path)
+        return self._digest
+
+    def save_state(self, path: str | Path, extra: dict[str, Any] | None = None) -> int:
+        """Write the current sequence (tokens and KV cache) and optional JSON ``extra`` (e.g. the chat
+        messages) to ``path``; returns the bytes written."""
+        return self.engine.save_state(path, self.digest, self.gguf.architecture, extra)
+
+    def load_state(self, path: str | Path) -> dict[str, Any]:
+        """Restore a sequence saved by :meth:`save_state` (a later prompt that extends its tokens
+        evaluates only the new suffix); returns its ``extra``. A file from another model, a truncated
+        or corrupted one is refused with a one-line LlmedgeError and the current sequence is kept."""
+        return self.engine.load_state(path, self.digest)
 
     @property
     def timings(self) -> Timings:
@@ -94,5 +162,6 @@ def load(model: str | Path, backend: str = "auto", n_ctx: int = 4096, n_threads:
     """Load a catalog name, a store name or a path to a ``.gguf`` file (pulling a catalog name if needed)."""
     from llmedge.store import Store
 
+    check_kv_type(kv_type)
     path = Store().resolve(str(model), pull=pull, progress=progress)
     return Model(path, backend=backend, n_ctx=n_ctx, n_threads=n_threads, kv_type=kv_type, name=str(model))

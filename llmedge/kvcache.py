@@ -1,93 +1,469 @@
 """The KV cache: per sequence and layer, the keys and values attention reads.
 
-A layer cache holds ``capacity`` cells of K and V (f16 by default, f32 on request) and the position
-of each cell (-1 when empty). Full-attention layers have ``n_ctx`` cells and append; sliding-window
+A layer cache holds ``capacity`` cells of K and V in the cache type (``f16`` by default, ``f32``,
+or ``q8_0``: blocks of 32 int8 values with one f16 scale, as ggml stores them) and the position of
+each cell (-1 when empty). Full-attention layers have ``n_ctx`` cells and append; sliding-window
 layers keep a ring of ``window + max_batch`` cells, so their memory does not grow with ``n_ctx``.
 Attention masks by the stored positions, which is what lets a ring and a linear buffer share one
 attention op.
+
+Positions are token indices of the sequence (0 .. len(tokens) - 1): a context shift renumbers the
+kept cells and re-rotates their keys by the position delta (RoPE is a rotation, so rotating by -d
+moves a key d positions back), which keeps that invariant. Every operation that drops cells
+(trim, shift, state load) leaves the kept cells sorted by position at the front of the buffer, so a
+ring always overwrites its oldest cell next.
+
+All layer buffers of a sequence are views into one arena (one allocation, its size is
+``SequenceCache.nbytes``). A ``q8_0`` cache is dequantized to float32 before attention reads it,
+into a scratch buffer shared by the layers of the sequence (the attention kernels read f16/f32).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 
-KV_DTYPES = {"f16": np.float16, "f32": np.float32}
+from llmedge.errors import LlmedgeError
+
+KV_TYPES = ("f16", "f32", "q8_0")
+KV_DTYPES = {"f16": np.float16, "f32": np.float32}  # the float cache types and their NumPy dtypes
+QK8_0 = 32  # values per q8_0 block
+_ALIGN = 64
+
+Alloc = Callable[[tuple[int, ...], Any], np.ndarray]
+RopeSpec = tuple[int, float, float, bool]  # n_rot, freq_base, freq_scale, neox
 
 
-class LayerCache:
-    """K/V cells of one layer of one sequence; ``window`` set means a sliding-window ring."""
+class RopeBackend(Protocol):
+    def rope(self, x: np.ndarray, positions: np.ndarray, n_rot: int, freq_base: float,
+             freq_scale: float, neox: bool) -> np.ndarray: ...
 
-    def __init__(self, capacity: int, n_kv_head: int, head_dim_k: int, head_dim_v: int,
-                 dtype: np.dtype, window: int | None = None) -> None:
-        self.capacity = capacity
-        self.window = window
-        self.k = np.zeros((capacity, n_kv_head, head_dim_k), dtype=dtype)
-        self.v = np.zeros((capacity, n_kv_head, head_dim_v), dtype=dtype)
-        self.pos = np.full(capacity, -1, dtype=np.int64)
-        self.offset = 0  # tokens written so far (the next position for an append-only sequence)
-        self.used = 0  # cells of the buffer that may hold data (all of it once a ring wraps)
+
+def check_kv_type(kv_type: str) -> str:
+    """``kv_type`` if llmedge supports it, else a one-line error naming the supported ones."""
+    if kv_type not in KV_TYPES:
+        raise LlmedgeError(f"unsupported KV cache type '{kv_type}' (supported: {', '.join(KV_TYPES)})")
+    return kv_type
+
+
+def _kv_type_name(kv_type: str | np.dtype | type) -> str:
+    if isinstance(kv_type, str):
+        return check_kv_type(kv_type)
+    dt = np.dtype(kv_type)
+    for name, d in KV_DTYPES.items():
+        if np.dtype(d) == dt:
+            return name
+    raise LlmedgeError(f"unsupported KV cache dtype {dt}")
+
+
+# -- q8_0 --------------------------------------------------------------------------------------------
+def quantize_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float32 [..., d] -> (int8 quants [..., d], f16 scales [..., d/32]) as ggml's x86 CPU path writes
+    them (d = amax/127 stored as f16, quants = round-half-even(x * 127/amax))."""
+    shape = x.shape
+    xb = np.asarray(x, dtype=np.float32).reshape(*shape[:-1], shape[-1] // QK8_0, QK8_0)
+    amax = np.abs(xb).max(axis=-1)
+    d = (amax / np.float32(127)).astype(np.float16)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.rint(xb * inv[..., None]).astype(np.int8)
+    return q.reshape(shape), d
+
+
+def dequantize_q8_0(qs: np.ndarray, d: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """(int8 [..., n], f16 [..., n/32]) -> float32 [..., n]."""
+    shape = qs.shape
+    blocks = qs.reshape(*shape[:-1], shape[-1] // QK8_0, QK8_0)
+    scale = d.astype(np.float32)[..., None]
+    if out is None:
+        return (blocks * scale).reshape(shape).astype(np.float32, copy=False)
+    np.multiply(blocks, scale, out=out.reshape(blocks.shape))
+    return out
+
+
+# -- storage -----------------------------------------------------------------------------------------
+class Arena:
+    """One zeroed allocation carved into aligned views (pages are committed as they are written)."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.buffer = np.zeros(max(nbytes, 1), dtype=np.uint8)
+        self.nbytes = nbytes
+        self._used = 0
+
+    @staticmethod
+    def size(shape: tuple[int, ...], dtype: Any) -> int:
+        n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+    def alloc(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        dt = np.dtype(dtype)
+        n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        if self._used + n > self.nbytes:
+            raise MemoryError("KV arena exhausted (planning error)")
+        view = self.buffer[self._used : self._used + n].view(dt).reshape(shape)
+        self._used += self.size(shape, dt)
+        return view
+
+
+def _zeros(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    return np.zeros(shape, dtype=dtype)
+
+
+class Scratch:
+    """Float32 buffers a q8_0 cache dequantizes into before attention; shared by a sequence's layers."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[str, np.ndarray] = {}
+
+    def get(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        buf = self.buffers.get(name)
+        n = int(np.prod(shape))
+        if buf is None or buf.size < n:
+            size = max(n, 2 * buf.size if buf is not None else 0)
+            buf = self.buffers[name] = np.empty(size, dtype=np.float32)
+        return buf[:n].reshape(shape)
 
     @property
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
+        return sum(b.nbytes for b in self.buffers.values())
 
-    def update_and_fetch(self, k: np.ndarray, v: np.ndarray, positions: np.ndarray
-                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Store k, v [n, n_kv_head, d] at ``positions``; return the K, V and positions to attend to."""
-        n = len(positions)
-        if self.window is None:
-            if self.offset + n > self.capacity:
-                raise ValueError(f"KV cache full: {self.offset} + {n} tokens > {self.capacity} cells")
-            idx = np.arange(self.offset, self.offset + n)
+
+class Cells:
+    """K or V of one layer: ``capacity`` rows of [n_head, dim] values in the cache type."""
+
+    def __init__(self, capacity: int, n_head: int, dim: int, kv_type: str, alloc: Alloc = _zeros) -> None:
+        self.kv_type = kv_type
+        self.shape = (capacity, n_head, dim)
+        if kv_type == "q8_0":
+            if dim % QK8_0:
+                raise LlmedgeError(f"a q8_0 KV cache needs head sizes that are multiples of {QK8_0}, not {dim}")
+            self.arrays: tuple[np.ndarray, ...] = (alloc(self.shape, np.int8),
+                                                   alloc((capacity, n_head, dim // QK8_0), np.float16))
         else:
-            if n > self.capacity - self.window + 1:
-                raise ValueError(f"batch of {n} rows exceeds the sliding-window ring of {self.capacity}")
-            idx = np.arange(self.offset, self.offset + n) % self.capacity
-        self.k[idx] = k
-        self.v[idx] = v
-        self.pos[idx] = positions
-        self.offset += n
-        self.used = min(self.capacity, max(self.used, int(idx.max()) + 1))
-        u = self.used
-        return self.k[:u], self.v[:u], self.pos[:u]
+            self.arrays = (alloc(self.shape, KV_DTYPES[kv_type]),)
 
-    def can_trim_to(self, n: int) -> bool:
-        """Whether the first ``n`` tokens can be kept with everything their successors need."""
-        if n > self.offset:
-            return False
-        if self.window is None or self.offset <= self.capacity:
-            return True
-        oldest_kept = self.offset - self.capacity
-        return oldest_kept <= max(0, n - self.window + 1)
+    @staticmethod
+    def plan(capacity: int, n_head: int, dim: int, kv_type: str) -> list[tuple[tuple[int, ...], Any]]:
+        if kv_type == "q8_0":
+            return [((capacity, n_head, dim), np.int8), ((capacity, n_head, dim // QK8_0), np.float16)]
+        return [((capacity, n_head, dim), KV_DTYPES[kv_type])]
 
-    def trim_to(self, n: int) -> None:
-        """Forget every token at position >= n (positions are token indices here)."""
-        self.pos[self.pos >= n] = -1
-        self.offset = n
-        if self.window is None:
-            self.used = min(self.used, n)
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays)
+
+    def write(self, start: int, x: np.ndarray) -> None:
+        """Store float32 rows ``x`` [n, n_head, dim] at cells start .. start+n."""
+        end = start + len(x)
+        if self.kv_type == "q8_0":
+            qs, d = quantize_q8_0(x)
+            self.arrays[0][start:end] = qs
+            self.arrays[1][start:end] = d
+        else:
+            self.arrays[0][start:end] = x
+
+    def fetch(self, n: int, scratch: Scratch | None, name: str) -> np.ndarray:
+        """The first ``n`` cells as attention reads them (a view, or dequantized into ``scratch``)."""
+        if self.kv_type != "q8_0":
+            return self.arrays[0][:n]
+        qs, d = self.arrays
+        out = scratch.get(name, (n,) + self.shape[1:]) if scratch is not None else None
+        return dequantize_q8_0(qs[:n], d[:n], out)
+
+    def take(self, idx: np.ndarray | slice) -> tuple[np.ndarray, ...]:
+        """Copies of the raw arrays at cells ``idx``."""
+        return tuple(np.array(a[idx]) for a in self.arrays)
+
+    def put(self, start: int, raw: tuple[np.ndarray, ...]) -> None:
+        n = len(raw[0])
+        for a, r in zip(self.arrays, raw):
+            a[start : start + n] = r
+
+    def to_f32(self, raw: tuple[np.ndarray, ...]) -> np.ndarray:
+        return raw_to_f32(raw, self.kv_type)
+
+    def from_f32(self, x: np.ndarray) -> tuple[np.ndarray, ...]:
+        if self.kv_type == "q8_0":
+            return quantize_q8_0(x)
+        return (x.astype(KV_DTYPES[self.kv_type]),)
+
+
+def raw_to_f32(raw: tuple[np.ndarray, ...], kv_type: str) -> np.ndarray:
+    """Raw cell arrays of ``kv_type`` as float32."""
+    if kv_type == "q8_0":
+        return dequantize_q8_0(raw[0], raw[1])
+    return raw[0].astype(np.float32)
+
+
+# -- states ------------------------------------------------------------------------------------------
+@dataclass
+class LayerState:
+    """The valid cells of one layer, sorted by position: positions and raw K/V arrays (copies)."""
+
+    pos: np.ndarray  # int32 [m]
+    k: tuple[np.ndarray, ...]
+    v: tuple[np.ndarray, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return self.pos.nbytes + sum(a.nbytes for a in self.k + self.v)
 
 
 @dataclass
+class SequenceState:
+    """A sequence's tokens and every layer's cells: what prefix reuse keeps and state files hold."""
+
+    tokens: list[int]
+    kv_type: str
+    layers: list[LayerState]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(st.nbytes for st in self.layers) + 4 * len(self.tokens)
+
+
+def _needed(n: int, window: int | None) -> tuple[int, int]:
+    """Positions [lo, n) the query at position ``n`` (and every later one) may read."""
+    return (0 if window is None else max(0, n - window + 1)), n
+
+
+def _holds(pos: np.ndarray, lo: int, hi: int) -> bool:
+    """Whether the valid positions ``pos`` include every position in [lo, hi)."""
+    if hi <= lo:
+        return True
+    inside = pos[(pos >= lo) & (pos < hi)]
+    return len(np.unique(inside)) == hi - lo
+
+
+# -- one layer ---------------------------------------------------------------------------------------
+class LayerCache:
+    """K/V cells of one layer of one sequence.
+
+    ``window`` is the layer's attention window (None: global attention); ``ring`` means the buffer
+    holds only the last ``capacity`` cells and wraps around (sliding-window layers when
+    ``window + max_batch < n_ctx``). ``rope`` (n_rot, base, scale, neox) is how the layer rotates keys;
+    the model sets it, and a context shift uses it to re-rotate the kept keys.
+    """
+
+    def __init__(self, capacity: int, n_kv_head: int, head_dim_k: int, head_dim_v: int,
+                 kv_type: str | np.dtype | type = "f16", window: int | None = None, ring: bool | None = None,
+                 alloc: Alloc = _zeros, scratch: Scratch | None = None) -> None:
+        self.kv_type = _kv_type_name(kv_type)
+        self.capacity = capacity
+        self.window = window
+        self.ring = bool(window is not None if ring is None else ring)
+        if self.ring and (window is None or capacity < window):
+            raise ValueError(f"a sliding-window ring needs at least window={window} cells, not {capacity}")
+        self.n_kv_head, self.head_dim_k, self.head_dim_v = n_kv_head, head_dim_k, head_dim_v
+        self.k = Cells(capacity, n_kv_head, head_dim_k, self.kv_type, alloc)
+        self.v = Cells(capacity, n_kv_head, head_dim_v, self.kv_type, alloc)
+        self.pos = alloc((capacity,), np.int32)
+        self.pos[:] = -1
+        self.scratch = scratch
+        self.rope: RopeSpec | None = None
+        self.used = 0  # cells [0, used) may hold data (all of them once a ring wrapped)
+        self.head = 0  # the cell written next
+
+    @staticmethod
+    def plan(capacity: int, n_kv_head: int, head_dim_k: int, head_dim_v: int, kv_type: str
+             ) -> list[tuple[tuple[int, ...], Any]]:
+        """The arrays a layer allocates (shape, dtype), for arena sizing."""
+        return (Cells.plan(capacity, n_kv_head, head_dim_k, kv_type)
+                + Cells.plan(capacity, n_kv_head, head_dim_v, kv_type) + [((capacity,), np.int32)])
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes + self.pos.nbytes
+
+    @property
+    def offset(self) -> int:
+        """The next position: one past the highest position held (0 when empty)."""
+        return int(self.pos[: self.used].max()) + 1 if self.used else 0
+
+    def valid_positions(self) -> np.ndarray:
+        p = self.pos[: self.used]
+        return p[p >= 0]
+
+    # -- the hot path ------------------------------------------------------------------------------
+    def update_and_fetch(self, k: np.ndarray, v: np.ndarray, positions: np.ndarray
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Store k, v [n, n_kv_head, d] (float32) at ``positions``; return the K, V and positions
+        attention reads (the first ``used`` cells: views for f16/f32, dequantized copies for q8_0)."""
+        n = len(positions)
+        if not self.ring:
+            start = self.used
+            if start + n > self.capacity:
+                raise ValueError(f"KV cache full: {start} + {n} tokens > {self.capacity} cells")
+            self._write(start, k, v, positions)
+            self.used = self.head = start + n
+        else:
+            if n > self.capacity - self.window + 1:
+                raise ValueError(f"batch of {n} rows exceeds the sliding-window ring of {self.capacity}")
+            start = self.head
+            first = min(n, self.capacity - start)
+            self._write(start, k[:first], v[:first], positions[:first])
+            if first < n:
+                self._write(0, k[first:], v[first:], positions[first:])
+                self.used = self.capacity
+            else:
+                self.used = max(self.used, start + n)
+            self.head = (start + n) % self.capacity
+        u = self.used
+        return self.k.fetch(u, self.scratch, "k"), self.v.fetch(u, self.scratch, "v"), self.pos[:u]
+
+    def _write(self, start: int, k: np.ndarray, v: np.ndarray, positions: np.ndarray) -> None:
+        self.k.write(start, k)
+        self.v.write(start, v)
+        self.pos[start : start + len(positions)] = positions
+
+    # -- dropping cells ----------------------------------------------------------------------------
+    def holds(self, positions_lo: int, positions_hi: int) -> bool:
+        return _holds(self.valid_positions(), positions_lo, positions_hi)
+
+    def can_trim_to(self, n: int) -> bool:
+        """Whether keeping positions < n leaves everything the query at position ``n`` reads."""
+        return self.holds(*_needed(n, self.window))
+
+    def trim_to(self, n: int) -> None:
+        """Forget every cell at position >= n."""
+        p = self.pos[: self.used]
+        if not self.ring and (self.used < 2 or bool(np.all(p[1:] > p[:-1]))):
+            m = int(np.searchsorted(p, n))
+            self.pos[m : self.used] = -1
+            self.used = self.head = m
+            return
+        keep = np.flatnonzero((p >= 0) & (p < n))
+        self._compact(keep[np.argsort(p[keep], kind="stable")])
+
+    def _compact(self, order: np.ndarray, new_pos: np.ndarray | None = None,
+                 k_raw: tuple[np.ndarray, ...] | None = None) -> None:
+        """Keep cells ``order`` (in that order) at the front; optionally with new positions / keys."""
+        m = len(order)
+        k = k_raw if k_raw is not None else self.k.take(order)
+        v = self.v.take(order)
+        pos = new_pos if new_pos is not None else self.pos[order].copy()
+        self.pos[:] = -1
+        self.k.put(0, k)
+        self.v.put(0, v)
+        self.pos[:m] = pos
+        self.used = m
+        self.head = m % self.capacity
+
+    def clear(self) -> None:
+        self.pos[: self.used] = -1
+        self.used = self.head = 0
+
+    def shift(self, n_keep: int, n_discard: int, backend: RopeBackend) -> None:
+        """Drop positions [n_keep, n_keep + n_discard), move later cells back by ``n_discard`` and
+        rotate their keys by -n_discard."""
+        p = self.pos[: self.used]
+        valid = np.flatnonzero(p >= 0)
+        order = valid[np.argsort(p[valid], kind="stable")]
+        ps = p[order]
+        keep = order[ps < n_keep]
+        moved = order[ps >= n_keep + n_discard]
+        if len(moved) and self.rope is None:
+            raise LlmedgeError("cannot shift a KV cache layer whose RoPE parameters are unknown")
+        k_keep, k_moved = self.k.take(keep), self.k.take(moved)
+        if len(moved):
+            n_rot, base, scale, neox = self.rope
+            kf = self.k.to_f32(k_moved)
+            delta = np.full(len(moved), -n_discard, dtype=np.int32)
+            kf = backend.rope(np.ascontiguousarray(kf), delta, n_rot, base, scale, neox)
+            k_moved = self.k.from_f32(np.asarray(kf, dtype=np.float32))
+        new_pos = np.concatenate([p[keep], p[moved] - n_discard]).astype(np.int32)
+        k_raw = tuple(np.concatenate([a, b]) for a, b in zip(k_keep, k_moved))
+        self._compact(np.concatenate([keep, moved]), new_pos, k_raw)
+
+    # -- state -------------------------------------------------------------------------------------
+    def state(self) -> LayerState:
+        """Copies of the valid cells, sorted by position."""
+        p = self.pos[: self.used]
+        valid = np.flatnonzero(p >= 0)
+        order = valid[np.argsort(p[valid], kind="stable")]
+        if len(order) == self.used and np.array_equal(order, np.arange(self.used)):
+            order = slice(0, self.used)  # the common case: already in order, copy contiguous rows
+        return LayerState(np.array(p[order], dtype=np.int32), self.k.take(order), self.v.take(order))
+
+    def check_state(self, st: LayerState, kv_type: str, n_tokens: int) -> str | None:
+        """Why ``st`` (of ``kv_type``) cannot be loaded into this layer, or None."""
+        m = len(st.pos)
+        for raw, cells in ((st.k, self.k), (st.v, self.v)):
+            want = Cells.plan(m, cells.shape[1], cells.shape[2], kv_type)
+            if len(raw) != len(want) or any(a.shape != shape or a.dtype != np.dtype(dt)
+                                            for a, (shape, dt) in zip(raw, want)):
+                got = ", ".join(f"{a.dtype}{list(a.shape)}" for a in raw)
+                return f"its {kv_type} K/V arrays ({got}) do not match this model's heads {cells.shape[1:]}"
+        if m > self.capacity and not self.ring:
+            return f"it holds {m} cells, more than this context's {self.capacity}"
+        pos = st.pos[-self.capacity:] if m > self.capacity else st.pos
+        if len(pos) and (int(pos.min()) < 0 or int(pos.max()) >= n_tokens or np.any(pos[1:] <= pos[:-1])):
+            return "its cell positions are inconsistent"
+        if not _holds(pos, *_needed(n_tokens, self.window)):
+            return "it lacks cells this layer needs to continue"
+        return None
+
+    def load_state(self, st: LayerState, kv_type: str | None = None) -> None:
+        """Replace the contents by ``st`` (check it first with :meth:`check_state`)."""
+        kv_type = kv_type or self.kv_type
+        m = len(st.pos)
+        cut = max(0, m - self.capacity)
+        k, v = tuple(a[cut:] for a in st.k), tuple(a[cut:] for a in st.v)
+        if kv_type != self.kv_type:
+            k, v = self.k.from_f32(raw_to_f32(k, kv_type)), self.v.from_f32(raw_to_f32(v, kv_type))
+        self.pos[:] = -1
+        self.k.put(0, k)
+        self.v.put(0, v)
+        self.pos[: m - cut] = st.pos[cut:]
+        self.used = m - cut
+        self.head = self.used % self.capacity
+
+
+# -- one sequence ------------------------------------------------------------------------------------
+@dataclass
 class SequenceCache:
-    """All layer caches of one sequence plus the token ids they hold."""
+    """All layer caches of one sequence plus the token ids they hold (position i holds tokens[i])."""
 
     layers: list[LayerCache]
     tokens: list[int] = field(default_factory=list)
+    arena: Arena | None = None
+    scratch: Scratch | None = None
 
     @property
     def offset(self) -> int:
         return len(self.tokens)
 
     @property
+    def kv_type(self) -> str:
+        return self.layers[0].kv_type if self.layers else "f16"
+
+    @property
     def nbytes(self) -> int:
-        return sum(layer.nbytes for layer in self.layers)
+        """Bytes of K/V cells (and their positions) allocated for this sequence."""
+        return self.arena.nbytes if self.arena is not None else sum(layer.nbytes for layer in self.layers)
+
+    @property
+    def scratch_bytes(self) -> int:
+        return self.scratch.nbytes if self.scratch is not None else 0
+
+    def can_trim_to(self, n: int) -> bool:
+        return n <= self.offset and all(layer.can_trim_to(n) for layer in self.layers)
+
+    def trim(self, n: int) -> int:
+        """Drop the last ``n`` tokens (mlx-lm's ``trim``); returns how many were dropped (all of them,
+        clearing the cache, when a ring no longer holds what the remaining ones need)."""
+        before = self.offset
+        self.trim_to(max(0, before - n))
+        return before - self.offset
 
     def trim_to(self, n: int) -> bool:
         """Keep the first ``n`` tokens; return False (and clear) when a ring lost what they need."""
-        if all(layer.can_trim_to(n) for layer in self.layers):
+        if n >= self.offset:
+            return True
+        if self.can_trim_to(n):
             for layer in self.layers:
                 layer.trim_to(n)
             del self.tokens[n:]
@@ -97,7 +473,82 @@ class SequenceCache:
 
     def clear(self) -> None:
         for layer in self.layers:
-            layer.pos[:] = -1
-            layer.offset = 0
-            layer.used = 0
+            layer.clear()
         self.tokens.clear()
+
+    # -- context shift -----------------------------------------------------------------------------
+    def can_shift(self, n_keep: int, n_discard: int) -> bool:
+        """Whether every layer still holds what the next query reads after the shift."""
+        n_new = self.offset - n_discard
+        for layer in self.layers:
+            lo, hi = _needed(n_new, layer.window)
+            if hi <= lo:
+                continue
+            new = np.arange(lo, hi)
+            old = np.where(new < n_keep, new, new + n_discard)
+            if not np.all(np.isin(old, layer.valid_positions())):
+                return False
+            if layer.rope is None and np.any(layer.valid_positions() >= n_keep + n_discard):
+                return False
+        return True
+
+    def shift(self, n_keep: int, n_discard: int, backend: RopeBackend) -> bool:
+        """Context shift: keep the first ``n_keep`` tokens, drop the next ``n_discard``, move the rest
+        back and re-rotate their keys. False (nothing changed) when a layer cannot be shifted in place
+        (a ring already lost cells that would come back into its window); the caller re-evaluates."""
+        if not 0 <= n_keep or n_discard <= 0 or n_keep + n_discard > self.offset:
+            raise ValueError(f"bad context shift: keep {n_keep}, discard {n_discard} of {self.offset} tokens")
+        if not self.can_shift(n_keep, n_discard):
+            return False
+        for layer in self.layers:
+            layer.shift(n_keep, n_discard, backend)
+        del self.tokens[n_keep : n_keep + n_discard]
+        return True
+
+    # -- state -------------------------------------------------------------------------------------
+    def state(self) -> SequenceState:
+        """A copy of the tokens and of every layer's valid cells."""
+        return SequenceState(list(self.tokens), self.kv_type, [layer.state() for layer in self.layers])
+
+    def check_state(self, st: SequenceState) -> str | None:
+        """Why ``st`` cannot be loaded into this cache, or None."""
+        if len(st.layers) != len(self.layers):
+            return f"it has {len(st.layers)} layers, this model has {len(self.layers)}"
+        if st.kv_type not in KV_TYPES:
+            return f"its KV type '{st.kv_type}' is unknown"
+        for i, (layer, ls) in enumerate(zip(self.layers, st.layers)):
+            why = layer.check_state(ls, st.kv_type, len(st.tokens))
+            if why:
+                return f"layer {i}: {why}"
+        return None
+
+    def can_resume(self, st: SequenceState, n: int) -> bool:
+        """Whether ``st`` cut to its first ``n`` tokens holds what every layer of this cache needs."""
+        return len(st.layers) == len(self.layers) and all(
+            _holds(ls.pos, *_needed(n, layer.window)) for ls, layer in zip(st.layers, self.layers))
+
+    def load_state(self, st: SequenceState) -> None:
+        """Replace the contents by ``st``; raises LlmedgeError (leaving this cache as it was) when
+        ``st`` does not fit."""
+        why = self.check_state(st)
+        if why:
+            raise LlmedgeError(f"the saved KV state does not fit this model: {why}")
+        for layer, ls in zip(self.layers, st.layers):
+            layer.load_state(ls, st.kv_type)
+        self.tokens[:] = [int(t) for t in st.tokens]
+
+
+def plan_sequence_cache(specs: Sequence[tuple[int, int, int, int, str]]) -> int:
+    """Arena bytes for layers given as (capacity, n_kv_head, head_dim_k, head_dim_v, kv_type)."""
+    return sum(Arena.size(shape, dt) for s in specs for shape, dt in LayerCache.plan(*s))
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    x = np.asarray(a[:n], dtype=np.int64)
+    y = np.asarray(b[:n], dtype=np.int64)
+    diff = np.flatnonzero(x != y)
+    return int(diff[0]) if len(diff) else n

@@ -11,7 +11,7 @@ import numpy as np
 from llmedge.backends.base import Backend, GluKind
 from llmedge.errors import ModelError
 from llmedge.gguf import GGUFFile
-from llmedge.kvcache import KV_DTYPES, LayerCache, SequenceCache
+from llmedge.kvcache import KV_TYPES, Arena, LayerCache, Scratch, SequenceCache, plan_sequence_cache
 
 
 @dataclass
@@ -71,16 +71,20 @@ class AttentionSpec:
 
 def make_sequence_cache(n_layer: int, n_ctx: int, n_kv_head: int, head_dim: int, kv_type: str,
                         windows: list[int | None], max_batch: int) -> SequenceCache:
-    """Full caches of ``n_ctx`` cells, sliding-window layers a ring of window + max_batch cells."""
-    if kv_type not in KV_DTYPES:
-        raise ModelError(f"unsupported KV cache type '{kv_type}' (supported: {', '.join(KV_DTYPES)})")
-    dtype = KV_DTYPES[kv_type]
-    layers = []
+    """Full caches of ``n_ctx`` cells, sliding-window layers a ring of window + max_batch cells
+    (a plain buffer when that is not smaller than ``n_ctx``); all of them in one arena."""
+    if kv_type not in KV_TYPES:
+        raise ModelError(f"unsupported KV cache type '{kv_type}' (supported: {', '.join(KV_TYPES)})")
+    geometry = []
     for il in range(n_layer):
         w = windows[il]
-        cap = n_ctx if w is None else min(n_ctx, w + max_batch)
-        layers.append(LayerCache(cap, n_kv_head, head_dim, head_dim, dtype, None if w is None or cap >= n_ctx else w))
-    return SequenceCache(layers)
+        ring = w is not None and w + max_batch < n_ctx
+        geometry.append((w + max_batch if ring else n_ctx, w, ring))
+    arena = Arena(plan_sequence_cache([(cap, n_kv_head, head_dim, head_dim, kv_type) for cap, _, _ in geometry]))
+    scratch = Scratch() if kv_type == "q8_0" else None
+    layers = [LayerCache(cap, n_kv_head, head_dim, head_dim, kv_type, window=w, ring=ring, alloc=arena.alloc,
+                         scratch=scratch) for cap, w, ring in geometry]
+    return SequenceCache(layers, arena=arena, scratch=scratch)
 
 
 def attention_block(be: Backend, w: dict[str, Any], h: np.ndarray, batch: Batch, layer: LayerCache,
@@ -95,6 +99,8 @@ def attention_block(be: Backend, w: dict[str, Any], h: np.ndarray, batch: Batch,
         k = be.rms_norm(k, w["attn_k_norm"], spec.eps)
     q = be.rope(q, batch.positions, spec.n_rot, spec.rope_base, spec.rope_scale, spec.neox)
     k = be.rope(k, batch.positions, spec.n_rot, spec.rope_base, spec.rope_scale, spec.neox)
+    if layer.rope is None:  # what a context shift needs to re-rotate this layer's keys
+        layer.rope = (spec.n_rot, spec.rope_base, spec.rope_scale, spec.neox)
     k_all, v_all, k_pos = layer.update_and_fetch(k, v, batch.positions)
     o = be.attention(q, k_all, v_all, batch.positions, k_pos, spec.scale, spec.window, spec.softcap)
     return be.matmul(o.reshape(n, spec.n_head * spec.head_dim), w["attn_output"])

@@ -11,8 +11,15 @@ import numpy as np
 from llmedge.backends.base import Backend
 from llmedge.gguf import GGUFFile
 from llmedge.kvcache import SequenceCache
-from llmedge.models.base import AttentionSpec, Batch, Weights, attention_block, ffn_block, make_sequence_cache
-from llmedge.models.base import rope_scale_from
+from llmedge.models.base import (
+    AttentionSpec,
+    Batch,
+    Weights,
+    attention_block,
+    ffn_block,
+    make_sequence_cache,
+    rope_scale_from,
+)
 
 SWA_PATTERN = 6  # llama.cpp: every 6th layer is global, the others use the sliding window
 LOCAL_ROPE_BASE = 10000.0

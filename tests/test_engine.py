@@ -1,0 +1,302 @@
+"""The engine on the real models: context shift (exact without rounding, within the foundation's
+tolerances on the default backend), long generation through a small context, ``shift=False``,
+prefix reuse (active sequence and LRU), q8_0 cache perplexity, and state files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import llmedge
+from llmedge.api import Model
+from llmedge.backends import native_status
+from llmedge.backends.numpy_ref import NumpyBackend, gelu_tanh, silu
+from llmedge.engine import PrefixCache
+from llmedge.errors import LlmedgeError
+from llmedge.kvcache import LayerState, SequenceState
+from llmedge.models.base import Batch
+from llmedge.sampling import Sampler, SamplingOptions
+
+TEXTS = Path(__file__).parent / "fixtures" / "texts"
+FAST = "native" if native_status()[0] else "numpy"  # the default backend here; numpy is the slow fallback
+
+
+def text_ids(m: Model, start: int, n: int) -> list[int]:
+    text = (TEXTS / "gpl3_30k.txt").read_text(encoding="utf-8")
+    ids = m.tokenize(text[start : start + 8 * n], add_bos=True)[: n + 1]
+    assert len(ids) == n + 1
+    return ids
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    m = x.max(axis=-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
+
+
+class ExactBackend(NumpyBackend):
+    """The reference without ggml's roundings (activation quantization, the F16 GELU table): RoPE's
+    relative-position property then holds to float32 precision, which makes shifts exactly checkable."""
+
+    def matmul(self, x: np.ndarray, w) -> np.ndarray:
+        return x @ w.f32.T
+
+    def glu(self, gate: np.ndarray, up: np.ndarray, kind) -> np.ndarray:
+        return ((silu(gate) if kind == "silu" else gelu_tanh(gate)) * up).astype(np.float32)
+
+
+class NoEndSampler(Sampler):
+    """Never samples an end-of-generation token, so a generation runs for its whole budget."""
+
+    def __init__(self, eog: frozenset[int], **options) -> None:
+        super().__init__(SamplingOptions(**options))
+        self.eog = np.array(sorted(eog), dtype=np.int64)
+
+    def sample(self, logits: np.ndarray, history=()) -> int:
+        logits = logits.copy()
+        logits[self.eog] = -np.inf
+        return super().sample(logits, history)
+
+
+def shifted_and_reference(m: Model, ids: list[int], n: int, n_keep: int, n_discard: int, follow: list[int]
+                          ) -> tuple[np.ndarray, np.ndarray]:
+    """Logits of ``follow`` after shifting a cache of ``ids[:n]``, and the same from a cache built fresh:
+    the kept tokens' cells as computed at positions that keep every distance the shifted cache has
+    (the first ``n_keep`` tokens evaluated alone, ``n_discard`` positions later; the rest where they were)."""
+    e, model = m.engine, m.engine.model
+    shifted = e.new_cache()
+    e.forward(shifted, ids[:n])
+    whole = shifted.state()
+    assert shifted.shift(n_keep, n_discard, model.backend)
+    assert shifted.tokens == ids[:n_keep] + ids[n_keep + n_discard : n]
+    got = model.forward(Batch(np.array(follow), np.arange(len(follow)) + n - n_discard, shifted))
+    head, ref = e.new_cache(), e.new_cache()
+    model.forward(Batch(np.array(ids[:n_keep]), np.arange(n_keep) + n_discard, head))
+    for layer, a, sb in zip(ref.layers, head.layers, whole.layers):
+        sa = a.state()
+        tail = sb.pos >= n_keep + n_discard
+        layer.load_state(LayerState(np.concatenate([sa.pos, sb.pos[tail]]),
+                                    tuple(np.concatenate([x, y[tail]]) for x, y in zip(sa.k, sb.k)),
+                                    tuple(np.concatenate([x, y[tail]]) for x, y in zip(sa.v, sb.v))))
+    want = model.forward(Batch(np.array(follow), np.arange(len(follow)) + n, ref))
+    return got, want
+
+
+# -- context shift ----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def exact_models(smollm2_path: Path, gemma3_path: Path) -> dict[str, Model]:
+    out = {}
+    for name, path in (("smollm2", smollm2_path), ("gemma3", gemma3_path)):
+        m = Model(path, backend="numpy", n_ctx=96, kv_type="f32", n_batch=32)
+        m.model = m.engine.model = type(m.model)(m.gguf, ExactBackend())
+        if name == "gemma3":  # a 16-token window so that a short sequence exercises the sliding rings
+            m.model.params.window = 16
+            for spec in m.model.specs:
+                spec.window = 16 if spec.window else None
+        out[name] = m
+    return out
+
+
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_after_a_shift_logits_equal_a_fresh_evaluation_at_the_new_positions(exact_models, name: str) -> None:
+    m = exact_models[name]
+    ids = text_ids(m, 0, 64)
+    if name == "gemma3":
+        assert any(layer.ring for layer in m.engine.new_cache().layers)
+    got, want = shifted_and_reference(m, ids, 56, 4, 26, ids[56:60])
+    assert np.abs(log_softmax(got) - log_softmax(want)).max() <= 2e-3
+    assert (got.argmax(axis=1) == want.argmax(axis=1)).all()
+
+
+@pytest.fixture(scope="module")
+def fast_models(smollm2_path: Path, gemma3_path: Path) -> dict[str, Model]:
+    return {name: llmedge.load(str(path), backend=FAST, n_ctx=512)
+            for name, path in (("smollm2", smollm2_path), ("gemma3", gemma3_path))}
+
+
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_after_a_shift_logits_are_within_the_foundation_tolerances(fast_models, name: str) -> None:
+    m = fast_models[name]
+    ids = text_ids(m, 0, 144)
+    got, want = shifted_and_reference(m, ids, 120, 10, 55, ids[120:144])
+    mine, ref = log_softmax(got), log_softmax(want)
+    top = ref.argmax(axis=1)
+    ordered = np.sort(ref, axis=1)
+    sure = ordered[:, -1] - ordered[:, -2] > 0.5
+    assert not (sure & (mine.argmax(axis=1) != top)).any()
+    diffs = np.abs(mine[np.arange(len(top)), top] - ref[np.arange(len(top)), top])
+    assert np.median(diffs) <= 0.06 and diffs.max() <= 0.35, diffs
+
+
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_generate_runs_2000_tokens_through_a_512_token_context(fast_models, name: str) -> None:
+    m = fast_models[name]
+    e = m.engine
+    ids = m.prompt_ids("Write a very long story about a lighthouse keeper.")
+    chunks = list(e.generate(ids, NoEndSampler(m.tokenizer.eog_ids, temperature=0.7, seed=1), max_tokens=2000))
+    assert len(chunks) == 2000 and chunks[-1].done_reason == "length"
+    assert m.timings.eval_count == 2000 and m.timings.extra["context_shifts"] >= 6
+    assert e.cache.offset <= e.n_ctx
+    assert e.cache.tokens[: e.default_keep(ids)] == ids[: e.default_keep(ids)]  # BOS kept through every shift
+
+
+def test_without_shift_a_full_context_stops_with_reason_length(smollm2_path: Path) -> None:
+    m = llmedge.load(str(smollm2_path), backend=FAST, n_ctx=48)
+    ids = m.prompt_ids("Count from one to one hundred.")
+    chunks = list(m.engine.generate(ids, NoEndSampler(m.tokenizer.eog_ids, temperature=0), max_tokens=500,
+                                    shift=False))
+    assert chunks[-1].done_reason == "length" and m.timings.done_reason == "length"
+    assert len(chunks) == 48 - len(ids) + 1  # one token per free cell, and the one sampled from the last
+    assert m.timings.extra["context_shifts"] == 0
+    with pytest.raises(LlmedgeError, match="more than the context"):
+        list(m.generate(list(range(100, 160)), max_tokens=1, shift=False))
+    chunks = list(m.generate([m.tokenizer.bos_id] + list(range(100, 160)), max_tokens=2, temperature=0))
+    assert len(chunks) >= 1 and m.engine.cache.tokens[0] == m.tokenizer.bos_id  # truncated, BOS kept
+
+
+def test_a_ring_that_cannot_shift_in_place_is_evaluated_again(gemma3_path: Path) -> None:
+    m = Model(gemma3_path, backend=FAST, n_ctx=96, n_batch=8)
+    m.model.params.window = 16  # rings of 16 + 8 cells
+    for spec in m.model.specs:
+        spec.window = 16 if spec.window else None
+    e = m.engine
+    e.cache = e.new_cache()
+    ids = text_ids(m, 300, 40)
+    e.forward(e.cache, ids[:36])  # the rings hold positions 12..35
+    n0 = e.n_evaluated
+    e.shift_context(12)  # drops 12: the window of position 24 reaches back to 9, which the rings lost
+    assert e.cache.tokens == ids[:12] + ids[24:36]
+    assert e.n_evaluated - n0 == 24
+    fresh = e.new_cache()
+    want = e.forward(fresh, e.cache.tokens + [ids[36]])
+    got = e.forward(e.cache, [ids[36]])
+    assert np.abs(got - want).max() < 1e-3
+
+
+def test_a_chat_keeps_its_system_prompt_through_shifts(smollm2_path: Path) -> None:
+    m = llmedge.load(str(smollm2_path), backend=FAST, n_ctx=96)
+    messages = [{"role": "system", "content": "Always answer like a pirate, matey."},
+                {"role": "user", "content": "Tell me about ships."}]
+    ids = m.template.encode(messages)
+    n_keep = m.system_keep(messages)
+    assert 8 < n_keep < len(ids) and "pirate" in m.detokenize(ids[:n_keep])
+    seen = {}
+    generate = m.engine.generate
+    m.engine.generate = lambda *a, **kw: seen.update(kw) or generate(*a, **kw)
+    list(m.chat(messages, max_tokens=1))
+    assert seen["n_keep"] == n_keep  # chat() passes the system prompt's length as num_keep
+    sampler = NoEndSampler(m.tokenizer.eog_ids, temperature=0.7, seed=3)
+    list(generate(ids, sampler, max_tokens=150, n_keep=n_keep))
+    assert m.timings.extra["context_shifts"] >= 2
+    assert m.engine.cache.tokens[:n_keep] == ids[:n_keep]
+
+
+# -- prefix reuse -----------------------------------------------------------------------------------
+def _answer(m: Model, messages: list[dict], n: int = 12) -> str:
+    return "".join(c.text for c in m.chat(messages, max_tokens=n, temperature=0))
+
+
+def test_second_chat_turn_evaluates_only_the_new_suffix(smollm2_path: Path) -> None:
+    m = llmedge.load(str(smollm2_path), backend=FAST, n_ctx=512)
+    messages = [{"role": "system", "content": "You are a terse assistant. " * 8},
+                {"role": "user", "content": "Name three colours."}]
+    first = m.template.encode(messages)
+    messages.append({"role": "assistant", "content": _answer(m, messages)})
+    assert m.timings.prompt_eval_count == len(first)
+    held = list(m.engine.cache.tokens)
+    messages.append({"role": "user", "content": "And three animals?"})
+    second = m.template.encode(messages)
+    _answer(m, messages, 4)
+    common = next((i for i, (a, b) in enumerate(zip(held, second)) if a != b), len(held))
+    assert common >= len(first)
+    assert m.timings.prompt_eval_count == len(second) - common
+    assert m.timings.extra["prompt_cached"] == common
+
+
+def test_an_earlier_conversation_comes_back_from_the_prefix_lru(smollm2_path: Path) -> None:
+    a = [{"role": "system", "content": "You answer in French. " * 10}, {"role": "user", "content": "Bonjour?"}]
+    b = [{"role": "user", "content": "Something else entirely, please."}]
+    runs = []
+    for detour in (False, True):
+        m = llmedge.load(str(smollm2_path), backend=FAST, n_ctx=512)
+        a1 = a + [{"role": "assistant", "content": _answer(m, a)}]
+        if detour:
+            _answer(m, b)
+            assert m.cache_info()["prefix_cache_entries"] == 1
+        follow = a1 + [{"role": "user", "content": "Merci!"}]
+        text = _answer(m, follow, 8)
+        runs.append((text, m.timings.prompt_eval_count))
+    assert runs[0] == runs[1]  # the same cells came back: the same tokens, the same suffix evaluated
+    assert runs[1][1] < 20
+
+
+def test_prefix_lru_stays_within_its_budget() -> None:
+    def state(tokens: list[int], nbytes: int) -> SequenceState:
+        cells = np.zeros((nbytes // 2,), dtype=np.int8)
+        return SequenceState(tokens, "f16", [LayerState(np.zeros(0, np.int32), (cells,), (cells,))])
+
+    lru = PrefixCache(budget_bytes=10_000, max_entries=3)
+    assert lru.add(state([1, 2, 3], 4000)) and lru.add(state([4, 5], 4000))
+    assert lru.add(state([6, 7, 8], 4000))  # evicts [1, 2, 3], the least recently used
+    assert lru.nbytes <= 10_000 and lru.best([1, 2, 3, 9]) == (None, 0)
+    key, n = lru.best([6, 7, 9])
+    assert n == 2 and lru.pop(key).tokens == [6, 7, 8]
+    assert not lru.add(state([9], 20_000))  # larger than the whole budget
+    assert lru.add(state([4, 5, 6], 100)) and len(lru) == 1  # [4, 5] is a prefix of it: replaced
+
+
+# -- q8_0 -------------------------------------------------------------------------------------------
+def test_q8_0_cache_perplexity_is_within_one_percent_of_f16(smollm2_path: Path) -> None:
+    from llmedge.perplexity import perplexity
+
+    text = (TEXTS / "gpl3_30k.txt").read_text(encoding="utf-8")[:4000]  # a slice: see the report for 30 KB
+    ppl = {}
+    for kv_type in ("f16", "q8_0"):
+        m = llmedge.load(str(smollm2_path), backend=FAST, n_ctx=256, kv_type=kv_type)
+        ppl[kv_type] = (perplexity(m, text, 256).ppl, m.cache_bytes)
+    assert ppl["q8_0"][0] <= ppl["f16"][0] * 1.01, ppl
+    assert 0.5 < ppl["q8_0"][1] / ppl["f16"][1] < 0.56
+
+
+# -- state files ------------------------------------------------------------------------------------
+def test_saved_state_reloads_and_continues_with_identical_greedy_tokens(fast_models, smollm2_path, tmp_path):
+    m = fast_models["smollm2"]
+    ids = m.prompt_ids("Describe the sea in two sentences.")
+    first = [c.token for c in m.generate(ids, max_tokens=10, temperature=0)]
+    path = tmp_path / "seq.llmstate"
+    size = m.save_state(path, extra={"note": "hello"})
+    assert size == path.stat().st_size and m.engine.cache.tokens == ids + first[:-1]
+    resume = ids + first
+    want = [c.token for c in m.generate(resume, max_tokens=10, temperature=0)]
+    other = llmedge.load(str(smollm2_path), backend=FAST, n_ctx=512)
+    assert other.load_state(path) == {"note": "hello"}
+    got = [c.token for c in other.generate(resume, max_tokens=10, temperature=0)]
+    assert got == want and other.timings.prompt_eval_count == 1
+
+
+def test_states_from_other_models_truncated_or_corrupted_are_refused(fast_models, tmp_path) -> None:
+    m, g = fast_models["smollm2"], fast_models["gemma3"]
+    list(m.generate("Hello there.", max_tokens=3, temperature=0))
+    good = tmp_path / "good.llmstate"
+    m.save_state(good)
+    list(g.generate("Something for gemma.", max_tokens=3, temperature=0))
+    raw = good.read_bytes()
+    cut, bad = tmp_path / "cut.llmstate", tmp_path / "bad.llmstate"
+    cut.write_bytes(raw[: len(raw) // 2])
+    flipped = bytearray(raw)
+    flipped[len(raw) // 2] ^= 0x40
+    bad.write_bytes(bytes(flipped))
+    junk = tmp_path / "junk.llmstate"
+    junk.write_bytes(b"not a state at all")
+    cases = [(g, good, "another model"), (m, cut, "truncated"), (m, bad, "corrupted"), (m, junk, "not an llmedge")]
+    for model, path, what in cases:
+        before = model.engine.cache.state()
+        with pytest.raises(LlmedgeError, match=what) as err:
+            model.load_state(path)
+        assert "\n" not in str(err.value)
+        after = model.engine.cache.state()
+        assert after.tokens == before.tokens
+        assert all(np.array_equal(x.pos, y.pos) and np.array_equal(x.k[0], y.k[0])
+                   for x, y in zip(before.layers, after.layers))

@@ -1,0 +1,259 @@
+"""The KV cache on its own: cache types, full buffers and sliding rings, trim, context shift (RoPE
+re-rotation of the kept keys), states, memory accounting; and Gemma 3's cache at a 32k context."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llmedge.backends.numpy_ref import NumpyBackend
+from llmedge.errors import LlmedgeError
+from llmedge.kvcache import (
+    QK8_0,
+    LayerCache,
+    SequenceCache,
+    dequantize_q8_0,
+    quantize_q8_0,
+)
+from llmedge.models.base import make_sequence_cache
+from llmedge.quant import GGMLQuantizationType as T
+from llmedge.quant import dequantize, quantize
+
+H, D = 2, 64  # kv heads, head size
+BE = NumpyBackend()
+
+
+def rows(positions, seed: int = 0) -> np.ndarray:
+    """Deterministic "pre-RoPE" K or V rows for positions (depends on the position only)."""
+    out = np.empty((len(positions), H, D), dtype=np.float32)
+    for i, p in enumerate(positions):
+        out[i] = np.random.default_rng(seed * 100003 + int(p)).standard_normal((H, D), dtype=np.float32)
+    return out
+
+
+def fill(layer: LayerCache, start: int, stop: int, batch: int = 1, rope=None) -> None:
+    """Append positions start..stop in batches; keys rotated at their positions when ``rope`` is set."""
+    for p0 in range(start, stop, batch):
+        pos = np.arange(p0, min(stop, p0 + batch))
+        k = rows(pos)
+        if rope is not None:
+            k = BE.rope(k, pos, *rope)
+        layer.update_and_fetch(k, rows(pos, seed=1), pos)
+
+
+def by_position(layer: LayerCache) -> dict[int, int]:
+    return {int(p): i for i, p in enumerate(layer.pos[: layer.used]) if p >= 0}
+
+
+# -- q8_0 -------------------------------------------------------------------------------------------
+def test_q8_0_cells_are_byte_identical_to_ggml_x86_quantization() -> None:
+    x = np.random.default_rng(3).standard_normal((7, H, D)).astype(np.float32) * 3
+    x[0, 0, :32] = 0.0  # an all-zero block
+    qs, d = quantize_q8_0(x)
+    ref = quantize(x.reshape(-1, D), T.Q8_0, variant="x86").reshape(-1, 34)
+    ours = np.concatenate([d.reshape(-1, 1).view(np.uint8), qs.reshape(-1, QK8_0).view(np.uint8)], axis=1)
+    assert np.array_equal(ours, ref)
+    back = dequantize_q8_0(qs, d)
+    assert np.array_equal(back, dequantize(ref, T.Q8_0, (7 * H, D)).reshape(x.shape))
+    assert np.abs(back - x).max() <= np.abs(x).max() / 127
+
+
+@pytest.mark.parametrize("kv_type", ["f32", "f16", "q8_0"])
+def test_cache_types_store_what_attention_reads(kv_type: str) -> None:
+    layer = LayerCache(16, H, D, D, kv_type)
+    k, v = rows(range(5)), rows(range(5), seed=1)
+    k_all, v_all, pos = layer.update_and_fetch(k, v, np.arange(5))
+    tol = {"f32": 0, "f16": 2e-3, "q8_0": 2e-2}[kv_type]
+    assert k_all.dtype == (np.float16 if kv_type == "f16" else np.float32)
+    assert np.allclose(k_all, k, atol=tol * 4, rtol=tol) and np.allclose(v_all, v, atol=tol * 4, rtol=tol)
+    assert pos.tolist() == [0, 1, 2, 3, 4]
+
+
+def test_q8_0_cache_takes_about_half_the_bytes_of_f16() -> None:
+    f16 = make_sequence_cache(4, 1024, H, D, "f16", [None] * 4, 64)
+    q8 = make_sequence_cache(4, 1024, H, D, "q8_0", [None] * 4, 64)
+    f32 = make_sequence_cache(4, 1024, H, D, "f32", [None] * 4, 64)
+    assert 0.5 < q8.nbytes / f16.nbytes < 0.56
+    assert 1.9 < f32.nbytes / f16.nbytes < 2.01
+
+
+def test_unknown_cache_type_and_q8_0_with_odd_head_size_are_refused() -> None:
+    with pytest.raises(LlmedgeError, match="unsupported KV cache type 'q4'"):
+        make_sequence_cache(1, 64, H, D, "q4", [None], 8)
+    with pytest.raises(LlmedgeError, match="multiples of 32"):
+        make_sequence_cache(1, 64, H, 48, "q8_0", [None], 8)
+
+
+# -- full buffers and rings -------------------------------------------------------------------------
+def test_full_layer_appends_and_refuses_to_overflow() -> None:
+    layer = LayerCache(8, H, D, D, "f32")
+    fill(layer, 0, 8, batch=3)
+    assert layer.pos.tolist() == list(range(8)) and layer.offset == 8
+    with pytest.raises(ValueError, match="KV cache full"):
+        layer.update_and_fetch(rows([8]), rows([8]), np.array([8]))
+
+
+@pytest.mark.parametrize("batch", [1, 5, 8])
+def test_ring_keeps_every_cell_each_query_of_a_batch_can_see(batch: int) -> None:
+    window, max_batch = 12, 8
+    layer = LayerCache(window + max_batch, H, D, D, "f16", window=window, ring=True)
+    for p0 in range(0, 100, batch):
+        pos = np.arange(p0, p0 + batch)
+        _, _, k_pos = layer.update_and_fetch(rows(pos), rows(pos, 1), pos)
+        held = set(k_pos[k_pos >= 0].tolist())
+        needed = set(range(max(0, p0 - window + 1), p0 + batch))
+        assert needed <= held, (p0, sorted(needed - held))
+    assert layer.nbytes < 40 * H * D * 2 * 2  # does not grow with the sequence
+
+
+def test_sliding_layers_are_rings_only_when_smaller_than_the_context() -> None:
+    short = make_sequence_cache(3, 24, H, D, "f16", [16, None, 16], 8)
+    long = make_sequence_cache(3, 1000, H, D, "f16", [16, None, 16], 8)
+    assert [la.ring for la in short.layers] == [False, False, False]
+    assert [la.capacity for la in long.layers] == [24, 1000, 24]
+    assert [la.ring for la in long.layers] == [True, False, True]
+    layer_bytes = sum(la.nbytes for la in long.layers)
+    assert layer_bytes <= long.nbytes <= layer_bytes + 64 * 9  # one arena: the layers plus alignment
+
+
+def test_trim_keeps_a_prefix_and_rings_refuse_what_they_lost() -> None:
+    full = LayerCache(64, H, D, D, "f32")
+    fill(full, 0, 40)
+    assert full.can_trim_to(17)
+    full.trim_to(17)
+    assert full.used == 17 and full.offset == 17
+    ring = LayerCache(20, H, D, D, "f32", window=12, ring=True)
+    fill(ring, 0, 50)  # holds 30..49
+    assert ring.can_trim_to(45) and not ring.can_trim_to(35)
+    ring.trim_to(45)
+    assert sorted(by_position(ring)) == list(range(30, 45)) and ring.head == 15
+    fill(ring, 45, 60)  # continues after the trim without losing its window
+    assert set(range(48, 60)) <= set(by_position(ring))
+
+
+# -- context shift ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("neox", [False, True])
+@pytest.mark.parametrize("ring", [False, True])
+def test_shift_moves_kept_keys_as_if_computed_at_their_new_positions(neox: bool, ring: bool) -> None:
+    rope = (D, 10000.0, 1.0, neox)
+    n_keep, n_discard, n = 4, 11, 30
+    layer = LayerCache(24 if ring else 64, H, D, D, "f32", window=16 if ring else None, ring=ring)
+    layer.rope = rope
+    fill(layer, 0, n, batch=3, rope=rope)
+    before = by_position(layer)
+    v_before = {p: layer.v.arrays[0][i].copy() for p, i in before.items()}
+    layer.shift(n_keep, n_discard, BE)
+    after = by_position(layer)
+    expect = {p if p < n_keep else p - n_discard for p in before if not n_keep <= p < n_keep + n_discard}
+    assert set(after) == expect
+    assert list(layer.pos[: layer.used]) == sorted(expect)  # compacted, in order: the ring overwrites the oldest next
+    for new_p, i in after.items():
+        old_p = new_p if new_p < n_keep else new_p + n_discard
+        fresh = BE.rope(rows([old_p]), np.array([new_p]), *rope)[0]  # that token's key computed at new_p
+        assert np.allclose(layer.k.arrays[0][i], fresh, atol=2e-5), new_p
+        assert np.array_equal(layer.v.arrays[0][i], v_before[old_p])
+
+
+def test_shift_rotates_f16_and_q8_0_keys_within_their_precision() -> None:
+    rope = (D, 10000.0, 1.0, True)
+    for kv_type, tol in (("f16", 3e-3), ("q8_0", 6e-2)):
+        layer = LayerCache(64, H, D, D, kv_type)
+        layer.rope = rope
+        fill(layer, 0, 40, rope=rope)
+        layer.shift(1, 19, BE)
+        kf = layer.k.to_f32(layer.k.take(slice(1, 21)))
+        fresh = BE.rope(rows(range(20, 40)), np.arange(1, 21), *rope)
+        assert np.abs(kf - fresh).max() <= tol * np.abs(fresh).max(), kv_type
+
+
+def _seq(windows: list[int | None], n_ctx: int, max_batch: int) -> SequenceCache:
+    cache = make_sequence_cache(len(windows), n_ctx, H, D, "f32", windows, max_batch)
+    for layer in cache.layers:
+        layer.rope = (D, 10000.0, 1.0, False)
+    return cache
+
+
+def _extend(cache: SequenceCache, n: int, batch: int = 1) -> None:
+    for layer in cache.layers:
+        fill(layer, cache.offset, cache.offset + n, batch)
+    cache.tokens.extend(range(cache.offset, cache.offset + n))
+
+
+def test_sequence_shift_drops_tokens_and_keeps_positions_equal_to_token_indices() -> None:
+    cache = _seq([None, 16], 100, 8)
+    _extend(cache, 100, batch=7)
+    tokens = list(cache.tokens)
+    assert cache.shift(10, 45, BE)
+    assert cache.tokens == tokens[:10] + tokens[55:]
+    for layer in cache.layers:
+        assert layer.offset == cache.offset == 55
+        assert layer.can_trim_to(55)
+    _extend(cache, 20)  # and goes on from there
+    assert cache.offset == 75
+
+
+def test_ring_that_lost_cells_coming_back_into_view_refuses_to_shift() -> None:
+    cache = _seq([16, None], 1000, 8)  # ring of 24 cells
+    _extend(cache, 36)  # the ring holds 12..35
+    layer_state = [la.state() for la in cache.layers]
+    # after dropping 12 of them the next position is 24, whose window starts at 9: cells 9..11 are gone
+    assert not cache.shift(12, 12, BE)
+    assert cache.offset == 36 and all(np.array_equal(a.pos, b.state().pos) for a, b in zip(layer_state, cache.layers))
+    assert cache.shift(2, 17, BE)  # the window of position 19 starts at 4 -> old 21..: held
+
+
+# -- states -----------------------------------------------------------------------------------------
+def test_state_round_trip_and_conversion_between_cache_types() -> None:
+    cache = _seq([None, 16], 200, 8)
+    _extend(cache, 60, batch=5)
+    st = cache.state()
+    other = _seq([None, 16], 200, 8)
+    other.load_state(st)
+    assert other.tokens == cache.tokens
+    for a, b in zip(cache.layers, other.layers):
+        assert np.array_equal(a.state().pos, b.state().pos)
+        assert np.array_equal(a.state().k[0], b.state().k[0])
+    q8 = make_sequence_cache(2, 200, H, D, "q8_0", [None, 16], 8)
+    q8.load_state(st)
+    k = q8.layers[0].k.to_f32(q8.layers[0].state().k)
+    assert np.allclose(k, st.layers[0].k[0], atol=0.05)
+
+
+def test_state_that_does_not_fit_is_refused_and_the_cache_is_unchanged() -> None:
+    cache = _seq([None, 16], 200, 8)
+    _extend(cache, 30)
+    st = cache.state()
+    small = _seq([None, 16], 20, 8)
+    _extend(small, 5)
+    with pytest.raises(LlmedgeError, match="does not fit"):
+        small.load_state(st)
+    assert small.offset == 5 and small.layers[0].used == 5
+    wrong_heads = make_sequence_cache(2, 200, 1, D, "f32", [None, 16], 8)
+    with pytest.raises(LlmedgeError, match="does not fit"):
+        wrong_heads.load_state(st)
+
+
+# -- memory -----------------------------------------------------------------------------------------
+def _rss() -> int:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * 4096
+
+
+def test_gemma3_at_32k_context_holds_at_most_120_mb_of_f16_kv(gemma3_path: Path) -> None:
+    import llmedge
+
+    m = llmedge.load(str(gemma3_path), backend="numpy", n_ctx=32768, kv_type="f16")
+    info = m.cache_info()
+    assert m.n_ctx == 32768 and info["layers_ring"] > 0 and info["layers_full"] > 0
+    reported = m.cache_bytes
+    assert reported <= 120 * 2**20, reported
+    del m.engine.cache  # measure a fresh one from allocation to every cell written
+    before = _rss()
+    cache = m.engine.new_cache()
+    for layer in cache.layers:
+        for a in (*layer.k.arrays, *layer.v.arrays):
+            a.fill(1)
+    grown = _rss() - before
+    assert cache.nbytes == reported
+    assert 0.9 * cache.nbytes <= grown <= 120 * 2**20 + 8 * 2**20, (grown, cache.nbytes)
