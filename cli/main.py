@@ -7,6 +7,7 @@ import sys
 
 import typer
 
+from llmedge.cli import bench as bench_cmd
 from llmedge.cli import models as models_cmds
 from llmedge.cli import run as run_cmd
 from llmedge.cli import serve as serve_cmd
@@ -28,6 +29,7 @@ app.command("ls", hidden=True)(models_cmds.list_models)
 app.command("rm")(models_cmds.rm)
 app.command("cp")(models_cmds.cp)
 app.command("tokenize")(tools_cmds.tokenize)
+app.command("bench")(bench_cmd.bench)
 app.command("perplexity")(tools_cmds.perplexity)
 
 

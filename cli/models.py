@@ -54,8 +54,11 @@ def show(
     template: Annotated[bool, typer.Option("--template", help="Print only the chat template.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the details as JSON.")] = False,
     backend: BackendOpt = "auto",
+    ctx: Annotated[int, typer.Option("--ctx", help="Context size for the KV cache figure.")] = 4096,
+    kv_type: Annotated[str, typer.Option("--kv-type", help="KV cache cells: f16, f32 or q8_0.")] = "f16",
 ) -> None:
-    """Show a model's architecture, parameters, context length, quantization, template and backend."""
+    """Show a model's architecture, parameters, context length, quantization, template, backend and
+    the KV cache one sequence needs."""
     from collections import Counter
 
     from llmedge.backends import choose_backend
@@ -89,6 +92,7 @@ def show(
         "vocabulary": f"{tok.n_vocab} ({g.get_str('tokenizer.ggml.model')})",
         "file": str(path),
         "backend": f"{chosen} ({why})",
+        "kv cache": _kv_cache_line(path, chosen, ctx, kv_type),
     }
     if as_json:
         typer.echo(json.dumps({**info, "template": tmpl.source}, indent=2))
@@ -99,6 +103,15 @@ def show(
     typer.echo("\n  Template")
     first = tmpl.source.strip().splitlines()
     typer.echo("    " + (first[0][:100] + (" ..." if len(first) > 1 or len(first[0]) > 100 else "")))
+
+
+def _kv_cache_line(path, backend: str, ctx: int, kv_type: str) -> str:
+    from llmedge.api import Model
+
+    info = Model(path, backend=backend, n_ctx=ctx, kv_type=kv_type).cache_info()
+    rings = f", {info['layers_ring']} sliding-window layers of {info['ring_cells']} cells" if info["layers_ring"] else ""
+    return (f"{_size(info['sequence_bytes'])} per sequence at {info['n_ctx']} tokens, {info['kv_type']} "
+            f"({info['layers_full']} full layers{rings})")
 
 
 def _size(n: int) -> str:

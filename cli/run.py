@@ -31,14 +31,21 @@ def run(
     ctx: Ctx = 4096,
     threads: Threads = None,
     backend: BackendOpt = "auto",
+    kv_type: Annotated[str, typer.Option("--kv-type", help="KV cache cells: f16, f32 or q8_0.")] = "f16",
+    no_shift: Annotated[bool, typer.Option("--no-shift",
+                                           help="Stop at a full context instead of shifting it.")] = False,
+    keep: Annotated[int | None, typer.Option("--keep", help="Tokens kept when the context shifts "
+                                             "(default: the system prompt).")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", help="Print Ollama-style timings.")] = False,
 ) -> None:
     """Run a model: print its answer to PROMPT, or chat when no prompt is given."""
     from llmedge.cli.progress import load_with_progress
 
-    m = load_with_progress(model, backend=backend, n_ctx=ctx, n_threads=threads)
+    m = load_with_progress(model, backend=backend, n_ctx=ctx, n_threads=threads, kv_type=kv_type)
     options = dict(temperature=temperature, seed=seed, top_k=top_k, top_p=top_p, min_p=min_p,
-                   max_tokens=num_predict)
+                   max_tokens=num_predict, shift=not no_shift)
+    if keep is not None:
+        options["num_keep"] = keep
     if prompt is None and not (sys.stdin.isatty() and sys.stdout.isatty()):
         prompt = sys.stdin.read()  # piped in, or the answer is redirected: one answer, no chat
     if prompt is not None:
@@ -59,7 +66,7 @@ def run(
                   num_predict=num_predict)
 
     def reload(n_ctx: int):
-        return load_with_progress(model, backend=backend, n_ctx=n_ctx, n_threads=threads)
+        return load_with_progress(model, backend=backend, n_ctx=n_ctx, n_threads=threads, kv_type=kv_type)
 
     chat(m, params, verbose=verbose, reload=reload)
 

@@ -67,6 +67,7 @@ class AttentionSpec:
     eps: float
     window: int | None = None
     softcap: float | None = None
+    q_scale: float = 1.0  # multiplies Q after RoPE, before the cache-typed product (Gemma's query scaling)
 
 
 def make_sequence_cache(n_layer: int, n_ctx: int, n_kv_head: int, head_dim: int, kv_type: str,
@@ -98,6 +99,8 @@ def attention_block(be: Backend, w: dict[str, Any], h: np.ndarray, batch: Batch,
         q = be.rms_norm(q, w["attn_q_norm"], spec.eps)
         k = be.rms_norm(k, w["attn_k_norm"], spec.eps)
     q = be.rope(q, batch.positions, spec.n_rot, spec.rope_base, spec.rope_scale, spec.neox)
+    if spec.q_scale != 1.0:
+        q = q * np.float32(spec.q_scale)
     k = be.rope(k, batch.positions, spec.n_rot, spec.rope_base, spec.rope_scale, spec.neox)
     if layer.rope is None:  # what a context shift needs to re-rotate this layer's keys
         layer.rope = (spec.n_rot, spec.rope_base, spec.rope_scale, spec.neox)

@@ -86,11 +86,14 @@ class Model:
         self.output_norm = wt.get("output_norm.weight")
         self.output = wt.output()
         self.embd_scale = np.float32(math.sqrt(p.n_embd))
-        scale = 1.0 / math.sqrt(p.head_dim)
+        # llama.cpp scales Q itself (then attends with scale 1): the F16 rounding of Q sees the
+        # scaled values, which matters for Gemma's tiny query components
+        q_scale = 1.0 / math.sqrt(p.head_dim)
         self.specs = [
             AttentionSpec(p.n_head, p.n_kv_head, p.head_dim, p.head_dim,
                           LOCAL_ROPE_BASE if swa else p.rope_base, 1.0 if swa else p.rope_scale,
-                          neox=True, scale=scale, eps=p.eps, window=p.window if swa else None)
+                          neox=True, scale=1.0, eps=p.eps, window=p.window if swa else None,
+                          q_scale=q_scale)
             for swa in p.swa_layers
         ]
 
