@@ -1,0 +1,54 @@
+"""``llmedge bench``: llama-bench's command line (``-p -n -r -t -b -ub -o``) over :mod:`llmedge.bench`."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from llmedge.cli.options import ModelArg
+
+
+def bench(
+    model: ModelArg,
+    n_prompt: Annotated[str, typer.Option("-p", "--n-prompt", help="Prompt tokens per pp test (list: 128,512).")]
+    = "512",
+    n_gen: Annotated[str, typer.Option("-n", "--n-gen", help="Generated tokens per tg test (list: 64,128).")]
+    = "128",
+    repetitions: Annotated[int, typer.Option("-r", "--repetitions", help="Timed runs of each test.")] = 5,
+    threads: Annotated[str | None, typer.Option(
+        "-t", "--threads", help="Thread counts (list: 1,2; default: physical cores).")] = None,
+    batch_size: Annotated[int, typer.Option("-b", "--batch-size", help="Tokens per decode call (logical batch).")]
+    = 2048,
+    ubatch_size: Annotated[int, typer.Option("-ub", "--ubatch-size", help="Tokens per forward (physical batch).")]
+    = 512,
+    backend: Annotated[str, typer.Option("--backend", help="llmedge backend: auto, native, numba or numpy.")]
+    = "auto",
+    output: Annotated[str, typer.Option("-o", "--output", help="md, json, jsonl or csv.")] = "md",
+    compare: Annotated[str | None, typer.Option(
+        "--compare", help="Also run llama.cpp (llama-cpp-python), interleaved, and print ratios.")] = None,
+    warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help="Run each test once untimed first.")] = True,
+    rss_probe: Annotated[bool, typer.Option(
+        "--rss-probe/--no-rss-probe",
+        help="With --compare: measure each runtime's peak RSS in a fresh process.")] = True,
+    progress: Annotated[bool, typer.Option("--progress", help="Print progress lines on stderr.")] = False,
+) -> None:
+    """Benchmark prompt processing (ppN) and generation (tgN) as llama-bench does."""
+    from llmedge.bench import OUTPUT_FORMATS, BenchParams, format_results, parse_int_list, run_bench
+    from llmedge.errors import LlmedgeError
+
+    if output not in OUTPUT_FORMATS:
+        raise LlmedgeError(f"unknown output format '{output}' (choose from {', '.join(OUTPUT_FORMATS)})")
+    params = BenchParams(
+        n_prompt=parse_int_list(n_prompt, "-p"), n_gen=parse_int_list(n_gen, "-n"),
+        n_threads=parse_int_list(threads, "-t") if threads else [], n_batch=batch_size, n_ubatch=ubatch_size,
+        reps=repetitions, backend=backend, warmup=warmup, compare=compare, rss_probe=rss_probe)
+
+    def say(msg: str) -> None:
+        sys.stderr.write(f"llmedge bench: {msg}\n")
+        sys.stderr.flush()
+
+    results = run_bench(model, params, progress=say if progress else None)
+    sys.stdout.write(format_results(results, output, params))
+    sys.stdout.flush()
