@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from llmedge.bench import BenchParams, format_md, parse_int_list, run_bench
 
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
             print(format_md(results, params), flush=True)
             for a, b in zip(results, results[1:]):
                 if a.info.runtime == "llmedge" and a.ratio is not None:
-                    summary.append((model, backend, a.info.n_threads, a.test.name, a.avg_ts, b.avg_ts, a.ratio))
+                    summary.append((Path(model).name, backend, a.info.n_threads, a.test.name, a.avg_ts, b.avg_ts, a.ratio))
     print("### Summary (llmedge t/s / llama.cpp t/s)\n")
     print("| model | backend | threads | test | llmedge t/s | llama.cpp t/s | ratio |")
     print("| --- | --- | ---: | --- | ---: | ---: | ---: |")

@@ -48,11 +48,9 @@ def main() -> None:
         sys.exit(e.exit_code)
     except typer.Abort:
         _fail("aborted")
-    except Exception as e:  # click usage errors and anything unexpected: one line, no traceback
-        import click
-
-        if isinstance(e, click.ClickException):
-            e.show()
+    except Exception as e:  # usage errors and anything unexpected: one line, no traceback
+        if hasattr(e, "show") and isinstance(getattr(e, "exit_code", None), int):
+            e.show()  # a click usage error (typer may bundle its own click, so match by shape)
             sys.exit(e.exit_code)
         if os.environ.get("LLMEDGE_DEBUG"):
             raise
