@@ -11,15 +11,7 @@ import numpy as np
 from llmedge.backends.base import Backend
 from llmedge.gguf import GGUFFile
 from llmedge.kvcache import SequenceCache
-from llmedge.models.base import (
-    AttentionSpec,
-    Batch,
-    Weights,
-    attention_block,
-    ffn_block,
-    make_sequence_cache,
-    rope_scale_from,
-)
+from llmedge.models.base import AttentionSpec, Decoder, Weights, make_sequence_cache, rope_scale_from
 
 SWA_PATTERN = 6  # llama.cpp: every 6th layer is global, the others use the sliding window
 LOCAL_ROPE_BASE = 10000.0
@@ -70,8 +62,10 @@ class Params:
         )
 
 
-class Model:
-    """Gemma 3 forward pass, written once for every backend."""
+class Model(Decoder):
+    """Gemma 3: norms before and after each block, GELU-gated FFN, scaled embeddings."""
+
+    glu_kind = "gelu"
 
     def __init__(self, gguf: GGUFFile, backend: Backend) -> None:
         self.params = p = Params.from_gguf(gguf)
@@ -101,15 +95,3 @@ class Model:
         p = self.params
         windows = [p.window if swa else None for swa in p.swa_layers]
         return make_sequence_cache(p.n_layer, n_ctx, p.n_kv_head, p.head_dim, kv_type, windows, max_batch)
-
-    def forward(self, batch: Batch) -> np.ndarray:
-        be, p = self.backend, self.params
-        x = be.get_rows(self.token_embd, batch.tokens) * self.embd_scale
-        for w, layer, spec in zip(self.layers, batch.cache.layers, self.specs):
-            h = attention_block(be, w, be.rms_norm(x, w["attn_norm"], p.eps), batch, layer, spec)
-            x = x + be.rms_norm(h, w["post_attention_norm"], p.eps)
-            h = ffn_block(be, w, be.rms_norm(x, w["ffn_norm"], p.eps), "gelu")
-            x = x + be.rms_norm(h, w["post_ffw_norm"], p.eps)
-        if batch.output_rows is not None:
-            x = x[batch.output_rows]
-        return be.matmul(be.rms_norm(x, self.output_norm, p.eps), self.output)

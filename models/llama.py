@@ -5,20 +5,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
-
 from llmedge.backends.base import Backend
 from llmedge.gguf import GGUFFile
 from llmedge.kvcache import SequenceCache
-from llmedge.models.base import (
-    AttentionSpec,
-    Batch,
-    Weights,
-    attention_block,
-    ffn_block,
-    make_sequence_cache,
-    rope_scale_from,
-)
+from llmedge.models.base import AttentionSpec, Decoder, Weights, make_sequence_cache, rope_scale_from
 
 
 @dataclass
@@ -58,8 +48,10 @@ class Params:
         )
 
 
-class Model:
-    """Llama forward pass, written once for every backend."""
+class Model(Decoder):
+    """Llama: pre-norm blocks, SwiGLU, RoPE with adjacent pairs."""
+
+    glu_kind = "silu"
 
     def __init__(self, gguf: GGUFFile, backend: Backend) -> None:
         self.params = p = Params.from_gguf(gguf)
@@ -75,18 +67,9 @@ class Model:
         self.output = wt.output()
         self.attn = AttentionSpec(p.n_head, p.n_kv_head, p.head_dim, p.n_rot, p.rope_base, p.rope_scale,
                                   neox=False, scale=1.0 / math.sqrt(p.head_dim), eps=p.eps)
+        self.specs = [self.attn] * p.n_layer
 
     def make_cache(self, n_ctx: int, kv_type: str = "f16", max_batch: int = 512) -> SequenceCache:
         p = self.params
         return make_sequence_cache(p.n_layer, n_ctx, p.n_kv_head, p.head_dim, kv_type, [None] * p.n_layer,
                                    max_batch)
-
-    def forward(self, batch: Batch) -> np.ndarray:
-        be, p = self.backend, self.params
-        x = be.get_rows(self.token_embd, batch.tokens)
-        for w, layer in zip(self.layers, batch.cache.layers):
-            x = x + attention_block(be, w, be.rms_norm(x, w["attn_norm"], p.eps), batch, layer, self.attn)
-            x = x + ffn_block(be, w, be.rms_norm(x, w["ffn_norm"], p.eps), "silu")
-        if batch.output_rows is not None:
-            x = x[batch.output_rows]
-        return be.matmul(be.rms_norm(x, self.output_norm, p.eps), self.output)

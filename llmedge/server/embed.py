@@ -1,36 +1,14 @@
 """Embeddings for ``/api/embed`` and ``/v1/embeddings``: the mean over a text's tokens of the model's
 final, normalized hidden states (llama.cpp's ``result_norm`` with mean pooling), L2-normalized.
-
-The models' ``forward`` ends with ``backend.matmul(rms_norm(x, output_norm), self.output)``; until the
-models offer a hidden-state output of their own, a shallow copy of the model whose output projection
-is an identity marker, on a backend proxy that returns the marker's input unchanged, yields those
-states without touching the weights or the engine's sequence.
+They are evaluated in a fresh cache, so the engine's sequences are untouched.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-
-_IDENTITY = object()
-
-
-class _HiddenBackend:
-    """Delegates every op to the real backend, except ``matmul`` by the identity marker."""
-
-    def __init__(self, backend: Any) -> None:
-        self._backend = backend
-
-    def matmul(self, x: np.ndarray, w: Any, *args: Any, **kwargs: Any) -> np.ndarray:
-        if w is _IDENTITY:
-            return np.ascontiguousarray(x, dtype=np.float32)
-        return self._backend.matmul(x, w, *args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._backend, name)
 
 
 def hidden_states(model: Any, ids: Sequence[int]) -> np.ndarray:
@@ -38,18 +16,13 @@ def hidden_states(model: Any, ids: Sequence[int]) -> np.ndarray:
     from llmedge.models.base import Batch
 
     net = model.model
-    if not hasattr(net, "output"):
-        raise TypeError(f"{type(net).__name__} does not expose an output projection")
-    proxy = copy.copy(net)
-    proxy.backend = _HiddenBackend(net.backend)
-    proxy.output = _IDENTITY
     engine = model.engine
     cache = engine.new_cache(max(len(ids), 1))
     rows = []
     for start in range(0, len(ids), engine.n_batch):
         chunk = np.asarray(ids[start : start + engine.n_batch], dtype=np.int64)
         pos = np.arange(cache.offset, cache.offset + len(chunk), dtype=np.int64)
-        rows.append(np.asarray(type(net).forward(proxy, Batch(chunk, pos, cache, None)), dtype=np.float32))
+        rows.append(np.asarray(net.forward(Batch(chunk, pos, cache, None), hidden=True), dtype=np.float32))
         cache.tokens.extend(int(t) for t in chunk)
     return np.concatenate(rows, axis=0)
 
