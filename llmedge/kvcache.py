@@ -288,36 +288,43 @@ class LayerCache:
         return p[p >= 0]
 
     # -- the hot path ------------------------------------------------------------------------------
-    def update_and_fetch(self, k: np.ndarray, v: np.ndarray, positions: np.ndarray
-                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Store k, v [n, n_kv_head, d] (float32) at ``positions``; return the K, V and positions
-        attention reads (the first ``used`` cells: views for f16/f32, dequantized copies for q8_0)."""
+    def reserve(self, positions: np.ndarray) -> tuple[int, int, int]:
+        """Claim cells for ``positions`` (n rows) and record their positions, without writing K/V.
+
+        Returns (start, first, used): rows [0, first) go to cells start.., rows [first, n) to cells
+        0.. (a ring wrapping around), and attention then reads cells [0, used)."""
         n = len(positions)
         if not self.ring:
             start = self.used
             if start + n > self.capacity:
                 raise ValueError(f"KV cache full: {start} + {n} tokens > {self.capacity} cells")
-            self._write(start, k, v, positions)
+            self.pos[start : start + n] = positions
             self.used = self.head = start + n
+            return start, n, self.used
+        if n > self.capacity - self.window + 1:
+            raise ValueError(f"batch of {n} rows exceeds the sliding-window ring of {self.capacity}")
+        start = self.head
+        first = min(n, self.capacity - start)
+        self.pos[start : start + first] = positions[:first]
+        if first < n:
+            self.pos[: n - first] = positions[first:]
+            self.used = self.capacity
         else:
-            if n > self.capacity - self.window + 1:
-                raise ValueError(f"batch of {n} rows exceeds the sliding-window ring of {self.capacity}")
-            start = self.head
-            first = min(n, self.capacity - start)
-            self._write(start, k[:first], v[:first], positions[:first])
-            if first < n:
-                self._write(0, k[first:], v[first:], positions[first:])
-                self.used = self.capacity
-            else:
-                self.used = max(self.used, start + n)
-            self.head = (start + n) % self.capacity
-        u = self.used
-        return self.k.fetch(u, self.scratch, "k"), self.v.fetch(u, self.scratch, "v"), self.pos[:u]
+            self.used = max(self.used, start + n)
+        self.head = (start + n) % self.capacity
+        return start, first, self.used
 
-    def _write(self, start: int, k: np.ndarray, v: np.ndarray, positions: np.ndarray) -> None:
-        self.k.write(start, k)
-        self.v.write(start, v)
-        self.pos[start : start + len(positions)] = positions
+    def update_and_fetch(self, k: np.ndarray, v: np.ndarray, positions: np.ndarray
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Store k, v [n, n_kv_head, d] (float32) at ``positions``; return the K, V and positions
+        attention reads (the first ``used`` cells: views for f16/f32, dequantized copies for q8_0)."""
+        start, first, u = self.reserve(positions)
+        self.k.write(start, k[:first])
+        self.v.write(start, v[:first])
+        if first < len(positions):
+            self.k.write(0, k[first:])
+            self.v.write(0, v[first:])
+        return self.k.fetch(u, self.scratch, "k"), self.v.fetch(u, self.scratch, "v"), self.pos[:u]
 
     # -- dropping cells ----------------------------------------------------------------------------
     def holds(self, positions_lo: int, positions_hi: int) -> bool:

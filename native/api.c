@@ -413,18 +413,15 @@ static void mm_tiles_task(void *vctx, int ith, int nth) {
     }
 }
 
-int lle_matmul(int type, const void *w, long long w_stride, long long m, long long k,
+int lle_matmul_impl(int type, const void *w, long long w_stride, long long m, long long k,
                const float *x, long long n, float *out, long long ldo) {
     if (!valid_type(type) || m < 0 || n < 0 || k <= 0 || k > 0x7fffffff) return -1;
     if (lle_row_size(type, k) < 0) return -1;
     if (m == 0 || n == 0) return 0;
-    lle_lock();
-    ensure_init();
     const lle_kernels *kw = &g_active[type];
     const int vt = lle_type_traits[type].vec_type;
     const lle_from_float_fn ff = g_active[vt].from_float;
     if (!kw->vec_dot || !ff) {
-        lle_unlock();
         return -1;
     }
     const int nth = lle_pool_threads();
@@ -473,8 +470,7 @@ int lle_matmul(int type, const void *w, long long w_stride, long long m, long lo
         const size_t act_bytes = (c.as * (size_t)n + 63) & ~(size_t)63;
         uint8_t *a = scratch_get(&g_scratch_mm, act_bytes + scale_floats * sizeof(float));
         if (!a) {
-            lle_unlock();
-            return -2;
+                return -2;
         }
         c.a = a;
         c.x = x;
@@ -507,8 +503,16 @@ int lle_matmul(int type, const void *w, long long w_stride, long long m, long lo
         if (nth == 1 || c.ntm * c.ntn == 1) mm_tiles_task(&c, 0, 1);
         else lle_pool_run(mm_tiles_task, &c);
     }
-    lle_unlock();
     return 0;
+}
+
+int lle_matmul(int type, const void *w, long long w_stride, long long m, long long k,
+               const float *x, long long n, float *out, long long ldo) {
+    lle_lock();
+    ensure_init();
+    const int r = lle_matmul_impl(type, w, w_stride, m, k, x, n, out, ldo);
+    lle_unlock();
+    return r;
 }
 
 /* ---------------------------------------------------------------- rows, dequantize, test hooks */

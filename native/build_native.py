@@ -26,6 +26,7 @@ SOURCES = [
     "quants_neon.c",
     "ops.c",
     "ops_avx2.c",
+    "layer.c",
 ]
 DEPENDS = ["common.h", "llmedge_api.h", "tiles_avx2.inc", "gemv_avx2.inc", "korder_avx2.inc"]
 

@@ -247,4 +247,21 @@ LLE_INLINE int64_t lle_next_chunk(int64_t *counter) {
     return __atomic_fetch_add(counter, 1, __ATOMIC_RELAXED);
 }
 
+/* ---- unlocked op bodies (the public lle_* wrappers take the library lock); for fused callers ---- */
+int lle_matmul_impl(int type, const void *w, long long w_stride, long long m, long long k,
+                    const float *x, long long n, float *out, long long ldo);
+int lle_rms_norm_impl(const float *x, const float *w, long long n, long long d, float eps, float *out);
+int lle_rope_impl(const float *x, const int *pos, long long n, long long n_head, long long head_dim,
+                  int n_rot, float freq_base, float freq_scale, int neox, const float *freq_factors, float *out);
+int lle_attention_impl(const float *q, long long n, long long n_head, long long d,
+                       const void *k, const void *v, int kv_f16, long long t, long long n_kv,
+                       long long k_stride_t, long long k_stride_h, long long v_stride_t, long long v_stride_h,
+                       const int *q_pos, const int *k_pos, float scale, int window, float softcap, float *out);
+int lle_glu_impl(const float *gate, const float *up, long long n, int kind, float *out);
+int lle_add_impl(const float *a, const float *b, long long n, float *out);
+int lle_scale_impl(const float *x, float s, long long n, float *out);
+void lle_lock(void);
+void lle_unlock(void);
+void lle_ensure_init(void);
+
 #endif

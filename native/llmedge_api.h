@@ -53,3 +53,31 @@ int lle_glu(const float *gate, const float *up, long long n, int kind, float *ou
 int lle_add(const float *a, const float *b, long long n, float *out);
 int lle_scale(const float *x, float s, long long n, float *out);
 int lle_softcap(const float *x, float cap, long long n, float *out);
+
+/* ---- a whole decoder stack in one call (the native fast path of models.base.Decoder) ---- */
+typedef struct {
+    int type;                  /* GGML type of the raw rows */
+    const void *data;          /* m rows of k values */
+    long long row_bytes, m, k;
+} lle_weight;
+
+typedef struct {
+    lle_weight wq, wk, wv, wo, gate, up, down;
+    /* norm weights (float32); q_norm/k_norm (per head) and the post norms are NULL when absent */
+    const float *attn_norm, *q_norm, *k_norm, *post_attn_norm, *ffn_norm, *post_ffn_norm;
+    int n_embd, n_ff, n_head, n_kv_head, head_dim, n_rot, neox, glu_kind, window;
+    float eps, rope_base, rope_scale, q_scale, attn_scale, softcap;
+} lle_layer;
+
+typedef struct {
+    void *k, *v;               /* cell 0 of this layer's K and V cells, [capacity][n_kv_head][head_dim] */
+    const int *pos;            /* the position of every cell, already set for this step's rows */
+    int kv_f16;                /* 1: f16 cells, 0: f32 */
+    int cell_start, n_first;   /* rows [0, n_first) go to cells cell_start.., the others to cells 0.. */
+    int n_cells;               /* attention reads cells [0, n_cells) */
+} lle_kv;
+
+/* Run layers [0, n_layer) over x [n, n_embd] in place. Rows of sequence s are
+ * [seq_rows[s], seq_rows[s+1]); kv[il * n_seqs + s] is layer il's cache of sequence s. */
+int lle_decoder_layers(const lle_layer *layers, int n_layer, float *x, long long n, const int *pos,
+                       int n_seqs, const int *seq_rows, const lle_kv *kv);

@@ -166,13 +166,18 @@ static void rms_rows(void *vctx, int64_t r0, int64_t r1) {
     }
 }
 
+int lle_rms_norm_impl(const float *x, const float *w, long long n, long long d, float eps, float *out) {
+    rms_ctx c = {x, w, d, eps, out};
+    parallel_rows(rms_rows, &c, n, d);
+    return 0;
+}
+
 int lle_rms_norm(const float *x, const float *w, long long n, long long d, float eps, float *out) {
     lle_lock();
     lle_ensure_init();
-    rms_ctx c = {x, w, d, eps, out};
-    parallel_rows(rms_rows, &c, n, d);
+    const int r = lle_rms_norm_impl(x, w, n, d, eps, out);
     lle_unlock();
-    return 0;
+    return r;
 }
 
 /* ---------------------------------------------------------------- rope */
@@ -206,17 +211,24 @@ static void rope_rows(void *vctx, int64_t r0, int64_t r1) {
     }
 }
 
-int lle_rope(const float *x, const int *pos, long long n, long long n_head, long long head_dim,
+int lle_rope_impl(const float *x, const int *pos, long long n, long long n_head, long long head_dim,
              int n_rot, float freq_base, float freq_scale, int neox, const float *freq_factors,
              float *out) {
     if (n_rot > head_dim || n_rot % 2 != 0 || n_rot > 2048) return -1;
-    lle_lock();
-    lle_ensure_init();
     rope_ctx c = {x, pos, n_head, head_dim, n_rot, freq_scale, powf(freq_base, -2.0f / n_rot), neox,
                   freq_factors, out};
     parallel_rows(rope_rows, &c, n, n_head * head_dim * 8);
-    lle_unlock();
     return 0;
+}
+
+int lle_rope(const float *x, const int *pos, long long n, long long n_head, long long head_dim,
+             int n_rot, float freq_base, float freq_scale, int neox, const float *freq_factors,
+             float *out) {
+    lle_lock();
+    lle_ensure_init();
+    const int r = lle_rope_impl(x, pos, n, n_head, head_dim, n_rot, freq_base, freq_scale, neox, freq_factors, out);
+    lle_unlock();
+    return r;
 }
 
 /* ---------------------------------------------------------------- softmax */
@@ -239,13 +251,18 @@ static void softmax_rows(void *vctx, int64_t r0, int64_t r1) {
     }
 }
 
+int lle_softmax_impl(const float *x, long long n, long long d, float scale, float *out) {
+    softmax_ctx c = {x, d, scale, out};
+    parallel_rows(softmax_rows, &c, n, d * 4);
+    return 0;
+}
+
 int lle_softmax(const float *x, long long n, long long d, float scale, float *out) {
     lle_lock();
     lle_ensure_init();
-    softmax_ctx c = {x, d, scale, out};
-    parallel_rows(softmax_rows, &c, n, d * 4);
+    const int r = lle_softmax_impl(x, n, d, scale, out);
     lle_unlock();
-    return 0;
+    return r;
 }
 
 /* ---------------------------------------------------------------- attention */
@@ -268,19 +285,16 @@ static void attn_task(void *vctx, int ith, int nth) {
     }
 }
 
-int lle_attention(const float *q, long long n, long long n_head, long long d,
+int lle_attention_impl(const float *q, long long n, long long n_head, long long d,
                   const void *k, const void *v, int kv_f16, long long t, long long n_kv,
                   long long k_stride_t, long long k_stride_h, long long v_stride_t, long long v_stride_h,
                   const int *q_pos, const int *k_pos, float scale, int window, float softcap,
                   float *out) {
     if (n_kv <= 0 || n_head % n_kv != 0 || d <= 0 || t < 0) return -1;
-    lle_lock();
-    lle_ensure_init();
     const int nth = lle_pool_threads();
     const int64_t per = (lle_attn_scratch_floats(t, d) + 15) & ~(int64_t)15;
     float *scratch = lle_scratch_ops((size_t)(per * nth) * sizeof(float));
     if (!scratch) {
-        lle_unlock();
         return -2;
     }
     attn_ctx c = {{q, n, n_head, d, k, v, kv_f16, t, n_kv, k_stride_t, k_stride_h, v_stride_t, v_stride_h,
@@ -289,8 +303,19 @@ int lle_attention(const float *q, long long n, long long n_head, long long d,
     /* below ~100k multiply-adds the pool round trip costs more than it saves */
     if (n * n_head == 1 || nth == 1 || n * n_head * t * d < 100000) attn_task(&c, 0, 1);
     else lle_pool_run(attn_task, &c);
-    lle_unlock();
     return 0;
+}
+
+int lle_attention(const float *q, long long n, long long n_head, long long d,
+                  const void *k, const void *v, int kv_f16, long long t, long long n_kv,
+                  long long k_stride_t, long long k_stride_h, long long v_stride_t, long long v_stride_h,
+                  const int *q_pos, const int *k_pos, float scale, int window, float softcap,
+                  float *out) {
+    lle_lock();
+    lle_ensure_init();
+    const int r = lle_attention_impl(q, n, n_head, d, k, v, kv_f16, t, n_kv, k_stride_t, k_stride_h, v_stride_t, v_stride_h, q_pos, k_pos, scale, window, softcap, out);
+    lle_unlock();
+    return r;
 }
 
 /* ---------------------------------------------------------------- elementwise */
@@ -315,14 +340,19 @@ static void parallel_elems(row_fn fn, void *ctx, int64_t n) {
     lle_pool_run(rows_task, &c);
 }
 
-int lle_glu(const float *gate, const float *up, long long n, int kind, float *out) {
+int lle_glu_impl(const float *gate, const float *up, long long n, int kind, float *out) {
     if (kind != 0 && kind != 1) return -1;
-    lle_lock();
-    lle_ensure_init();
     ew_ctx c = {gate, up, 0, kind, out};
     parallel_elems(glu_rows, &c, n);
-    lle_unlock();
     return 0;
+}
+
+int lle_glu(const float *gate, const float *up, long long n, int kind, float *out) {
+    lle_lock();
+    lle_ensure_init();
+    const int r = lle_glu_impl(gate, up, n, kind, out);
+    lle_unlock();
+    return r;
 }
 
 static void add_rows(void *vctx, int64_t r0, int64_t r1) {
@@ -330,13 +360,18 @@ static void add_rows(void *vctx, int64_t r0, int64_t r1) {
     for (int64_t i = r0; i < r1; i++) c->out[i] = c->a[i] + c->b[i];
 }
 
+int lle_add_impl(const float *a, const float *b, long long n, float *out) {
+    ew_ctx c = {a, b, 0, 0, out};
+    parallel_elems(add_rows, &c, n);
+    return 0;
+}
+
 int lle_add(const float *a, const float *b, long long n, float *out) {
     lle_lock();
     lle_ensure_init();
-    ew_ctx c = {a, b, 0, 0, out};
-    parallel_elems(add_rows, &c, n);
+    const int r = lle_add_impl(a, b, n, out);
     lle_unlock();
-    return 0;
+    return r;
 }
 
 static void scale_rows(void *vctx, int64_t r0, int64_t r1) {
@@ -344,13 +379,18 @@ static void scale_rows(void *vctx, int64_t r0, int64_t r1) {
     for (int64_t i = r0; i < r1; i++) c->out[i] = c->a[i] * c->s;
 }
 
+int lle_scale_impl(const float *x, float s, long long n, float *out) {
+    ew_ctx c = {x, NULL, s, 0, out};
+    parallel_elems(scale_rows, &c, n);
+    return 0;
+}
+
 int lle_scale(const float *x, float s, long long n, float *out) {
     lle_lock();
     lle_ensure_init();
-    ew_ctx c = {x, NULL, s, 0, out};
-    parallel_elems(scale_rows, &c, n);
+    const int r = lle_scale_impl(x, s, n, out);
     lle_unlock();
-    return 0;
+    return r;
 }
 
 static void softcap_rows(void *vctx, int64_t r0, int64_t r1) {
@@ -359,12 +399,17 @@ static void softcap_rows(void *vctx, int64_t r0, int64_t r1) {
     for (int64_t i = r0; i < r1; i++) c->out[i] = tanhf(c->a[i] * inv) * c->s;
 }
 
-int lle_softcap(const float *x, float cap, long long n, float *out) {
+int lle_softcap_impl(const float *x, float cap, long long n, float *out) {
     if (!(cap > 0)) return -1;
-    lle_lock();
-    lle_ensure_init();
     ew_ctx c = {x, NULL, cap, 0, out};
     parallel_elems(softcap_rows, &c, n);
-    lle_unlock();
     return 0;
+}
+
+int lle_softcap(const float *x, float cap, long long n, float *out) {
+    lle_lock();
+    lle_ensure_init();
+    const int r = lle_softcap_impl(x, cap, n, out);
+    lle_unlock();
+    return r;
 }

@@ -322,12 +322,96 @@ class NativeBackend:
         _check(lib.lle_scale(_fptr(x), s, x.size, _fptr(o)), "scale")
         return o
 
+    def decoder_layers(self, model: Any, x: np.ndarray, step: Any) -> bool:
+        """Run every layer of ``model`` (a :class:`llmedge.models.base.Decoder`) over the rows ``x``
+        of ``step`` in place, in one C call; the K/V cells are claimed here and written by C.
+
+        Returns False (nothing done) when the op-by-op path must run instead: a weight without a
+        native kernel or a q8_0 cache."""
+        plan = getattr(model, "_native_stack", None)
+        if plan is None:
+            plan = model._native_stack = _StackPlan(model) if _StackPlan.supported(model) else False
+        if plan is False or x.dtype != _F32 or not x.flags["C_CONTIGUOUS"]:
+            return False
+        batches = step.batches
+        if any(b.cache.kv_type not in ("f16", "f32") or len(b.cache.layers) != plan.n_layer for b in batches):
+            return False
+        n_seqs, n_layer = len(batches), plan.n_layer
+        kv = ffi.new("lle_kv[]", n_layer * n_seqs)
+        specs = model.specs
+        for s, b in enumerate(batches):
+            positions = np.asarray(b.positions)
+            for il, layer in enumerate(b.cache.layers):
+                if layer.rope is None:
+                    spec = specs[il]
+                    layer.rope = (spec.n_rot, spec.rope_base, spec.rope_scale, spec.neox)
+                start, first, used = layer.reserve(positions)
+                e = kv[il * n_seqs + s]
+                e.k, e.v, e.pos = _cells_ptrs(layer)
+                e.kv_f16 = 1 if layer.kv_type == "f16" else 0
+                e.cell_start, e.n_first, e.n_cells = start, first, used
+        pos = np.ascontiguousarray(step.positions, dtype=np.int32)
+        rows = np.array([0] + [e for _, e in step.bounds], dtype=np.int32)
+        rc = lib.lle_decoder_layers(plan.c, n_layer, _fptr(x), x.shape[0], ffi.from_buffer("int[]", pos), n_seqs,
+                                    ffi.from_buffer("int[]", rows), kv)
+        _check(rc, "decoder layers")
+        return True
+
     def softcap(self, x: np.ndarray, cap: float, out: np.ndarray | None = None) -> np.ndarray:
         """``tanh(x / cap) * cap`` (logit soft-capping)."""
         x = _f32c(x)
         o = _out(out, x.shape)
         _check(lib.lle_softcap(_fptr(x), cap, x.size, _fptr(o)), "softcap")
         return o
+
+
+class _StackPlan:
+    """A model's layers as the C ``lle_layer`` array (built once; keeps the weights it points to alive)."""
+
+    def __init__(self, model: Any) -> None:
+        layers, specs, eps = model.layers, model.specs, model.params.eps
+        self.n_layer = len(layers)
+        self.c = ffi.new("lle_layer[]", max(1, self.n_layer))
+        self.keep: list[Any] = []
+        for il, (w, spec) in enumerate(zip(layers, specs)):
+            L = self.c[il]
+            for field, name in (("wq", "attn_q"), ("wk", "attn_k"), ("wv", "attn_v"), ("wo", "attn_output"),
+                                ("gate", "ffn_gate"), ("up", "ffn_up"), ("down", "ffn_down")):
+                nw = w[name]
+                cw = getattr(L, field)
+                cw.type, cw.data, cw.row_bytes, cw.m, cw.k = nw.ggml_type, nw.ptr, nw.row_bytes, nw.m, nw.k
+            for field, name in (("attn_norm", "attn_norm"), ("q_norm", "attn_q_norm"), ("k_norm", "attn_k_norm"),
+                                ("post_attn_norm", "post_attention_norm"), ("ffn_norm", "ffn_norm"),
+                                ("post_ffn_norm", "post_ffw_norm")):
+                if name in w:
+                    a = _f32c(w[name])
+                    self.keep.append(a)
+                    setattr(L, field, _fptr(a))
+            L.n_embd, L.n_ff = w["attn_q"].k, w["ffn_gate"].m
+            L.n_head, L.n_kv_head, L.head_dim, L.n_rot = spec.n_head, spec.n_kv_head, spec.head_dim, spec.n_rot
+            L.neox, L.glu_kind, L.window = int(spec.neox), _GLU_KINDS[model.glu_kind], int(spec.window or 0)
+            L.eps, L.rope_base, L.rope_scale = eps, spec.rope_base, spec.rope_scale
+            L.q_scale, L.attn_scale, L.softcap = spec.q_scale, spec.scale, float(spec.softcap or 0.0)
+
+    @staticmethod
+    def supported(model: Any) -> bool:
+        """Whether every weight the layers multiply has a native kernel (else: op by op)."""
+        names = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+        try:
+            return all(isinstance(w[n], NativeWeight) and w[n].fallback is None for w in model.layers for n in names)
+        except (KeyError, AttributeError, TypeError):
+            return False
+
+
+def _cells_ptrs(layer: Any) -> tuple[Any, Any, Any]:
+    """C pointers to a layer cache's K cells, V cells and positions (cached on the layer)."""
+    cached = getattr(layer, "_native_ptrs", None)
+    k, v = layer.k.arrays[0], layer.v.arrays[0]
+    if cached is None or cached[0] is not k or cached[1] is not v:
+        cached = (k, v, ffi.from_buffer("uint8_t[]", k), ffi.from_buffer("uint8_t[]", v),
+                  ffi.from_buffer("int[]", layer.pos))
+        layer._native_ptrs = cached
+    return cached[2], cached[3], cached[4]
 
 
 def _base_ptr(a: np.ndarray) -> Any:

@@ -1,0 +1,100 @@
+/* The decoder stack in one call: for every layer, RMS norm, Q/K/V products, per-head Q/K norms,
+ * RoPE, the K/V cache writes, attention (each sequence over its own cache), output product and
+ * residual, then the gated feed-forward and its residual, with optional post-norms (Gemma).
+ *
+ * The arithmetic is exactly the op-by-op path's (models.base.Decoder.layer_forward on the native
+ * backend): the same kernels in the same order, so logits are bit for bit the same. What it saves
+ * is the Python round trip per op (hundreds per token) and every per-op allocation.
+ */
+#include "common.h"
+
+#include <stdlib.h>
+
+typedef struct { float *p; size_t n; } fbuf;
+static fbuf g_bufs[8];
+
+static float *buf(int i, size_t n) {
+    fbuf *b = &g_bufs[i];
+    if (n > b->n) {
+        const size_t want = ((n + n / 4 + 1024) + 15) & ~(size_t)15;
+        float *p = aligned_alloc(64, want * sizeof(float));
+        if (!p) return NULL;
+        free(b->p);
+        b->p = p;
+        b->n = want;
+    }
+    return b->p;
+}
+
+static int mm(const lle_weight *w, const float *x, long long n, float *out) {
+    return lle_matmul_impl(w->type, w->data, w->row_bytes, w->m, w->k, x, n, out, w->m);
+}
+
+/* store rows of K or V ([n][n_kv * hd] float32) at their cells */
+static void store_rows(void *cells, int f16, const float *src, int n, int row_floats, int cell_start,
+                       int n_first) {
+    for (int r = 0; r < n; r++) {
+        const int cell = r < n_first ? cell_start + r : r - n_first;
+        const float *s = src + (size_t)r * row_floats;
+        if (f16) {
+            lle_half *d = (lle_half *)cells + (size_t)cell * row_floats;
+            for (int i = 0; i < row_floats; i++) d[i] = lle_fp32_to_fp16(s[i]);
+        } else {
+            memcpy((float *)cells + (size_t)cell * row_floats, s, (size_t)row_floats * sizeof(float));
+        }
+    }
+}
+
+static int layer_forward(const lle_layer *L, float *x, long long n, const int *pos, int n_seqs,
+                         const int *seq_rows, const lle_kv *kv) {
+    const int d = L->n_embd, hd = L->head_dim, nq = L->n_head * hd, nk = L->n_kv_head * hd;
+    float *xn = buf(0, (size_t)n * d), *q = buf(1, (size_t)n * nq), *k = buf(2, (size_t)n * nk);
+    float *v = buf(3, (size_t)n * nk), *ao = buf(4, (size_t)n * nq), *h = buf(5, (size_t)n * d);
+    float *gate = buf(6, (size_t)n * L->n_ff), *up = buf(7, (size_t)n * L->n_ff);
+    if (!xn || !q || !k || !v || !ao || !h || !gate || !up) return -2;
+    int rc = 0;
+    /* attention block */
+    rc |= lle_rms_norm_impl(x, L->attn_norm, n, d, L->eps, xn);
+    rc |= mm(&L->wq, xn, n, q);
+    rc |= mm(&L->wk, xn, n, k);
+    rc |= mm(&L->wv, xn, n, v);
+    if (L->q_norm) rc |= lle_rms_norm_impl(q, L->q_norm, n * L->n_head, hd, L->eps, q);
+    if (L->k_norm) rc |= lle_rms_norm_impl(k, L->k_norm, n * L->n_kv_head, hd, L->eps, k);
+    rc |= lle_rope_impl(q, pos, n, L->n_head, hd, L->n_rot, L->rope_base, L->rope_scale, L->neox, NULL, q);
+    if (L->q_scale != 1.0f) rc |= lle_scale_impl(q, L->q_scale, n * nq, q);
+    rc |= lle_rope_impl(k, pos, n, L->n_kv_head, hd, L->n_rot, L->rope_base, L->rope_scale, L->neox, NULL, k);
+    if (rc) return rc;
+    for (int s = 0; s < n_seqs; s++) {
+        const lle_kv *c = &kv[s];
+        const int r0 = seq_rows[s], ns = seq_rows[s + 1] - r0;
+        store_rows(c->k, c->kv_f16, k + (size_t)r0 * nk, ns, nk, c->cell_start, c->n_first);
+        store_rows(c->v, c->kv_f16, v + (size_t)r0 * nk, ns, nk, c->cell_start, c->n_first);
+        rc |= lle_attention_impl(q + (size_t)r0 * nq, ns, L->n_head, hd, c->k, c->v, c->kv_f16, c->n_cells,
+                                 L->n_kv_head, nk, hd, nk, hd, pos + r0, c->pos, L->attn_scale, L->window,
+                                 L->softcap, ao + (size_t)r0 * nq);
+    }
+    rc |= mm(&L->wo, ao, n, h);
+    if (L->post_attn_norm) rc |= lle_rms_norm_impl(h, L->post_attn_norm, n, d, L->eps, h);
+    rc |= lle_add_impl(x, h, n * d, x);
+    /* feed-forward block */
+    rc |= lle_rms_norm_impl(x, L->ffn_norm, n, d, L->eps, xn);
+    rc |= mm(&L->gate, xn, n, gate);
+    rc |= mm(&L->up, xn, n, up);
+    rc |= lle_glu_impl(gate, up, n * L->n_ff, L->glu_kind, gate);
+    rc |= mm(&L->down, gate, n, h);
+    if (L->post_ffn_norm) rc |= lle_rms_norm_impl(h, L->post_ffn_norm, n, d, L->eps, h);
+    rc |= lle_add_impl(x, h, n * d, x);
+    return rc;
+}
+
+int lle_decoder_layers(const lle_layer *layers, int n_layer, float *x, long long n, const int *pos,
+                       int n_seqs, const int *seq_rows, const lle_kv *kv) {
+    if (n_layer < 0 || n <= 0 || n_seqs <= 0 || seq_rows[0] != 0 || seq_rows[n_seqs] != n) return -1;
+    lle_lock();
+    lle_ensure_init();
+    int rc = 0;
+    for (int il = 0; il < n_layer && rc == 0; il++)
+        rc = layer_forward(&layers[il], x, n, pos, n_seqs, seq_rows, kv + (size_t)il * n_seqs);
+    lle_unlock();
+    return rc;
+}
