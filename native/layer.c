@@ -9,6 +9,30 @@
 #include "common.h"
 
 #include <stdlib.h>
+#include <time.h>
+
+/* optional per-op timing of the stack (lle_stack_profile), for "where does a token's time go" */
+enum { P_NORM, P_QKV, P_ROPE, P_KV_STORE, P_ATTN, P_OUT, P_ADD, P_GATE_UP, P_GLU, P_DOWN, P_COUNT };
+static int g_profile = 0;
+static double g_prof_ns[P_COUNT];
+static double g_prof_calls = 0;
+
+static double now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+#define TIMED(slot, stmt)                                     \
+    do {                                                      \
+        if (g_profile) {                                      \
+            const double t0_ = now_ns();                      \
+            stmt;                                             \
+            g_prof_ns[slot] += now_ns() - t0_;                \
+        } else {                                              \
+            stmt;                                             \
+        }                                                     \
+    } while (0)
 
 typedef struct { float *p; size_t n; } fbuf;
 static fbuf g_bufs[8];
@@ -54,36 +78,36 @@ static int layer_forward(const lle_layer *L, float *x, long long n, const int *p
     if (!xn || !q || !k || !v || !ao || !h || !gate || !up) return -2;
     int rc = 0;
     /* attention block */
-    rc |= lle_rms_norm_impl(x, L->attn_norm, n, d, L->eps, xn);
-    rc |= mm(&L->wq, xn, n, q);
-    rc |= mm(&L->wk, xn, n, k);
-    rc |= mm(&L->wv, xn, n, v);
-    if (L->q_norm) rc |= lle_rms_norm_impl(q, L->q_norm, n * L->n_head, hd, L->eps, q);
-    if (L->k_norm) rc |= lle_rms_norm_impl(k, L->k_norm, n * L->n_kv_head, hd, L->eps, k);
-    rc |= lle_rope_impl(q, pos, n, L->n_head, hd, L->n_rot, L->rope_base, L->rope_scale, L->neox, NULL, q);
-    if (L->q_scale != 1.0f) rc |= lle_scale_impl(q, L->q_scale, n * nq, q);
-    rc |= lle_rope_impl(k, pos, n, L->n_kv_head, hd, L->n_rot, L->rope_base, L->rope_scale, L->neox, NULL, k);
+    TIMED(P_NORM, rc |= lle_rms_norm_impl(x, L->attn_norm, n, d, L->eps, xn));
+    TIMED(P_QKV, rc |= mm(&L->wq, xn, n, q); rc |= mm(&L->wk, xn, n, k); rc |= mm(&L->wv, xn, n, v));
+    if (L->q_norm) TIMED(P_NORM, rc |= lle_rms_norm_impl(q, L->q_norm, n * L->n_head, hd, L->eps, q));
+    if (L->k_norm) TIMED(P_NORM, rc |= lle_rms_norm_impl(k, L->k_norm, n * L->n_kv_head, hd, L->eps, k));
+    TIMED(P_ROPE,
+          rc |= lle_rope_impl(q, pos, n, L->n_head, hd, L->n_rot, L->rope_base, L->rope_scale, L->neox, NULL, q);
+          if (L->q_scale != 1.0f) rc |= lle_scale_impl(q, L->q_scale, n * nq, q);
+          rc |= lle_rope_impl(k, pos, n, L->n_kv_head, hd, L->n_rot, L->rope_base, L->rope_scale, L->neox, NULL, k));
     if (rc) return rc;
     for (int s = 0; s < n_seqs; s++) {
         const lle_kv *c = &kv[s];
         const int r0 = seq_rows[s], ns = seq_rows[s + 1] - r0;
-        store_rows(c->k, c->kv_f16, k + (size_t)r0 * nk, ns, nk, c->cell_start, c->n_first);
-        store_rows(c->v, c->kv_f16, v + (size_t)r0 * nk, ns, nk, c->cell_start, c->n_first);
-        rc |= lle_attention_impl(q + (size_t)r0 * nq, ns, L->n_head, hd, c->k, c->v, c->kv_f16, c->n_cells,
-                                 L->n_kv_head, nk, hd, nk, hd, pos + r0, c->pos, L->attn_scale, L->window,
-                                 L->softcap, ao + (size_t)r0 * nq);
+        TIMED(P_KV_STORE,
+              store_rows(c->k, c->kv_f16, k + (size_t)r0 * nk, ns, nk, c->cell_start, c->n_first);
+              store_rows(c->v, c->kv_f16, v + (size_t)r0 * nk, ns, nk, c->cell_start, c->n_first));
+        TIMED(P_ATTN,
+              rc |= lle_attention_impl(q + (size_t)r0 * nq, ns, L->n_head, hd, c->k, c->v, c->kv_f16, c->n_cells,
+                                       L->n_kv_head, nk, hd, nk, hd, pos + r0, c->pos, L->attn_scale, L->window,
+                                       L->softcap, ao + (size_t)r0 * nq));
     }
-    rc |= mm(&L->wo, ao, n, h);
-    if (L->post_attn_norm) rc |= lle_rms_norm_impl(h, L->post_attn_norm, n, d, L->eps, h);
-    rc |= lle_add_impl(x, h, n * d, x);
+    TIMED(P_OUT, rc |= mm(&L->wo, ao, n, h));
+    if (L->post_attn_norm) TIMED(P_NORM, rc |= lle_rms_norm_impl(h, L->post_attn_norm, n, d, L->eps, h));
+    TIMED(P_ADD, rc |= lle_add_impl(x, h, n * d, x));
     /* feed-forward block */
-    rc |= lle_rms_norm_impl(x, L->ffn_norm, n, d, L->eps, xn);
-    rc |= mm(&L->gate, xn, n, gate);
-    rc |= mm(&L->up, xn, n, up);
-    rc |= lle_glu_impl(gate, up, n * L->n_ff, L->glu_kind, gate);
-    rc |= mm(&L->down, gate, n, h);
-    if (L->post_ffn_norm) rc |= lle_rms_norm_impl(h, L->post_ffn_norm, n, d, L->eps, h);
-    rc |= lle_add_impl(x, h, n * d, x);
+    TIMED(P_NORM, rc |= lle_rms_norm_impl(x, L->ffn_norm, n, d, L->eps, xn));
+    TIMED(P_GATE_UP, rc |= mm(&L->gate, xn, n, gate); rc |= mm(&L->up, xn, n, up));
+    TIMED(P_GLU, rc |= lle_glu_impl(gate, up, n * L->n_ff, L->glu_kind, gate));
+    TIMED(P_DOWN, rc |= mm(&L->down, gate, n, h));
+    if (L->post_ffn_norm) TIMED(P_NORM, rc |= lle_rms_norm_impl(h, L->post_ffn_norm, n, d, L->eps, h));
+    TIMED(P_ADD, rc |= lle_add_impl(x, h, n * d, x));
     return rc;
 }
 
@@ -93,8 +117,22 @@ int lle_decoder_layers(const lle_layer *layers, int n_layer, float *x, long long
     lle_lock();
     lle_ensure_init();
     int rc = 0;
+    if (g_profile) g_prof_calls += 1;
     for (int il = 0; il < n_layer && rc == 0; il++)
         rc = layer_forward(&layers[il], x, n, pos, n_seqs, seq_rows, kv + (size_t)il * n_seqs);
     lle_unlock();
     return rc;
+}
+
+int lle_stack_profile(int enable, double *out_ns, int n_out) {
+    lle_lock();
+    if (out_ns) {
+        for (int i = 0; i < n_out && i < P_COUNT; i++) out_ns[i] = g_prof_ns[i];
+        if (n_out > P_COUNT) out_ns[P_COUNT] = g_prof_calls;
+    }
+    for (int i = 0; i < P_COUNT; i++) g_prof_ns[i] = 0;
+    g_prof_calls = 0;
+    g_profile = enable ? 1 : 0;
+    lle_unlock();
+    return P_COUNT;
 }

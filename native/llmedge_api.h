@@ -81,3 +81,7 @@ typedef struct {
  * [seq_rows[s], seq_rows[s+1]); kv[il * n_seqs + s] is layer il's cache of sequence s. */
 int lle_decoder_layers(const lle_layer *layers, int n_layer, float *x, long long n, const int *pos,
                        int n_seqs, const int *seq_rows, const lle_kv *kv);
+/* Time the ops of lle_decoder_layers (enable 1) or stop (0). Copies the nanoseconds accumulated per
+ * op kind since the last call into out_ns (norm, qkv, rope, kv_store, attention, out, add, gate_up,
+ * glu, down; then the number of stack calls), resets them and returns the number of op kinds. */
+int lle_stack_profile(int enable, double *out_ns, int n_out);
