@@ -1,0 +1,77 @@
+"""The fused native decoder stack (one C call per step) and multi-sequence steps, on both real models.
+
+The fused call must give exactly the logits of the op-by-op path (same kernels, same order), for a
+prefill in chunks, for single-token decode steps, and after Gemma's sliding-window rings wrap. A step
+over several sequences must give each sequence what it gets alone, up to the summation order of
+the matrix products (an n-row product uses llama.cpp's batched kernels, one row its vec_dot).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from llmedge.api import Model
+from llmedge.models.base import Batch
+
+TEXTS = Path(__file__).parent / "fixtures" / "texts"
+
+
+def _ids(m: Model, n: int, start: int = 0) -> list[int]:
+    text = (TEXTS / "gpl3_30k.txt").read_text(encoding="utf-8")
+    ids = m.tokenize(text[start : start + 8 * n], add_bos=True)[:n]
+    assert len(ids) == n
+    return ids
+
+
+def _run(m: Model, ids: list[int], follow: list[int], fused: bool) -> tuple[np.ndarray, Any]:
+    net = m.model
+    net._native_stack = None if fused else False  # False: the backend declines, layers run op by op
+    try:
+        cache = m.engine.new_cache()
+        out = [m.engine.forward(cache, ids, all_logits=True)]
+        out += [m.engine.forward(cache, [t]) for t in follow]
+        assert bool(net._native_stack) == fused, "the fused path was not taken as intended"
+        return np.concatenate(out), cache
+    finally:
+        net._native_stack = None
+
+
+@pytest.mark.parametrize(("name", "n_prompt"), [("smollm2", 300), ("gemma3", 900)])
+def test_fused_stack_equals_op_by_op(name: str, n_prompt: int, model_paths: dict[str, Path]) -> None:
+    m = Model(model_paths[name], backend="native", n_ctx=1024, n_batch=256)
+    ids = _ids(m, n_prompt)
+    follow = [17, 300, 9, 1000]
+    fused, cache = _run(m, ids, follow, fused=True)
+    plain, _ = _run(m, ids, follow, fused=False)
+    assert fused.shape == (n_prompt + len(follow), m.params.n_vocab)
+    np.testing.assert_array_equal(fused, plain)
+    if name == "gemma3":  # the sliding-window rings (window + n_batch cells) wrapped around
+        rings = [layer for layer in cache.layers if layer.ring]
+        assert rings and all(layer.used == layer.capacity < n_prompt for layer in rings)
+
+
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_step_over_sequences_matches_each_alone(name: str, model_paths: dict[str, Path]) -> None:
+    m = Model(model_paths[name], backend="native", n_ctx=256)
+    net, eng = m.model, m.engine
+    prompts = [_ids(m, n, start) for n, start in ((9, 0), (23, 500), (4, 1200))]
+    alone = []
+    for p in prompts:
+        cache = eng.new_cache()
+        first = eng.forward(cache, p)[-1]
+        alone.append((first, eng.forward(cache, [42])[-1]))
+    caches = [eng.new_cache() for _ in prompts]
+    batches = [Batch(np.array(p), np.arange(len(p)), c, np.array([len(p) - 1])) for p, c in zip(prompts, caches)]
+    firsts = net.forward_many(batches)
+    for c, p in zip(caches, prompts):
+        c.tokens.extend(p)
+    steps = net.forward_many([Batch(np.array([42]), np.array([len(p)]), c) for p, c in zip(prompts, caches)])
+    for (a_first, a_next), b_first, b_next in zip(alone, firsts, steps):
+        assert b_first.shape == (1, m.params.n_vocab)
+        for a, b in ((a_first, b_first[0]), (a_next, b_next[0])):
+            assert int(np.argmax(a)) == int(np.argmax(b))
+            assert np.max(np.abs(a - b)) < 0.05 * max(1.0, float(np.max(np.abs(a))))
