@@ -125,8 +125,68 @@ class _Cursor:
         except UnicodeDecodeError:
             return raw.decode("utf-8", errors="replace")
 
+    def strings(self, count: int, what: str) -> list[str]:
+        """``count`` consecutive strings (the hot path of loading: vocabularies and merges)."""
+        bulk = _bulk_strings(self.buf, self.size, self.pos, count)
+        if bulk is not None:
+            out, self.pos = bulk
+            return out
+        buf, pos, size = self.buf, self.pos, self.size
+        out: list[str] = []
+        append = out.append
+        from_bytes = int.from_bytes
+        for i in range(count):
+            if pos + 8 > size:
+                self.pos = pos
+                self.need(8, f"length of element {i} of {what}")
+            n = from_bytes(buf[pos : pos + 8], "little")
+            pos += 8
+            if pos + n > size:
+                self.pos = pos
+                self.need(n, f"element {i} of {what}")
+            raw = bytes(buf[pos : pos + n])
+            pos += n
+            try:
+                append(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                append(raw.decode("utf-8", errors="replace"))
+        self.pos = pos
+        return out
+
     def left(self) -> int:
         return self.size - self.pos
+
+
+def _bulk_strings(buf: memoryview, size: int, pos: int, count: int) -> tuple[list[str], int] | None:
+    """Decode ``count`` GGUF strings at ``pos`` at once: the native library finds their byte ranges,
+    each length prefix is replaced by one NUL separator, and one UTF-8 decode and one split yield
+    the strings. None (use the per-string path, which also reports errors precisely) when the native
+    library is missing, the strings run past the end, a string holds a NUL byte or is not valid
+    UTF-8 on its own (a character cannot span a separator)."""
+    if count < 1024:
+        return None
+    try:
+        from llmedge._native import ffi, lib
+    except ImportError:
+        return None
+    starts = np.empty(count, dtype=np.int64)
+    ends = np.empty(count, dtype=np.int64)
+    end = lib.lle_gguf_strings(ffi.from_buffer("unsigned char[]", buf), size, pos, count,
+                               ffi.from_buffer("long long[]", starts), ffi.from_buffer("long long[]", ends))
+    if end < 0:
+        return None
+    region = np.frombuffer(buf, dtype=np.uint8, count=end - pos, offset=pos).copy()
+    keep = np.ones(region.size, dtype=bool)
+    keep[((starts - pos - 8)[:, None] + np.arange(7)).ravel()] = False  # 7 of each prefix's 8 bytes
+    region[starts - pos - 1] = 0  # the 8th becomes the separator
+    joined = region[keep]
+    if int(np.count_nonzero(joined == 0)) != count:
+        return None
+    try:
+        text = joined.tobytes().decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return text.split("\x00")[1:], int(end)
 
 
 class GGUFFile:
@@ -264,7 +324,7 @@ class GGUFFile:
             if etype == _STRING:
                 if count * 8 > cur.left():
                     raise GGUFError(f"array length {count} of '{key}' is past the end of the file")
-                return [cur.string(f"element {i} of '{key}'") for i in range(count)]
+                return cur.strings(count, f"'{key}'")
             if etype == _ARRAY:
                 if count * 12 > cur.left():
                     raise GGUFError(f"array length {count} of '{key}' is past the end of the file")

@@ -574,3 +574,20 @@ int lle_vec_dot(int type, long long k, const void *w_row, const void *act_row, f
     lle_unlock();
     return 0;
 }
+
+/* ---------------------------------------------------------------- loading */
+
+long long lle_gguf_strings(const unsigned char *buf, long long size, long long pos, long long count,
+                           long long *starts, long long *ends) {
+    for (long long i = 0; i < count; i++) {
+        if (pos < 0 || size - pos < 8) return -1 - i;
+        uint64_t n;
+        memcpy(&n, buf + pos, 8);  /* GGUF is little-endian, as are the hosts llmedge builds for */
+        pos += 8;
+        if (n > (uint64_t)(size - pos)) return -1 - i;
+        starts[i] = pos;
+        ends[i] = pos + (long long)n;
+        pos += (long long)n;
+    }
+    return pos;
+}

@@ -85,3 +85,9 @@ int lle_decoder_layers(const lle_layer *layers, int n_layer, float *x, long long
  * op kind since the last call into out_ns (norm, qkv, rope, kv_store, attention, out, add, gate_up,
  * glu, down; then the number of stack calls), resets them and returns the number of op kinds. */
 int lle_stack_profile(int enable, double *out_ns, int n_out);
+
+/* ---- loading ---- */
+/* Walk `count` GGUF strings (u64 length, bytes) starting at buf[pos]: starts[i]/ends[i] are the byte
+ * range of string i. Returns the position after the last one, or -1 - i if string i runs past `size`. */
+long long lle_gguf_strings(const unsigned char *buf, long long size, long long pos, long long count,
+                           long long *starts, long long *ends);

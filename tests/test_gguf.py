@@ -157,3 +157,37 @@ def test_cli_reports_malformed_file_in_one_line(small: Path, tmp_path: Path, how
     assert len(lines) == 1, r.stderr
     assert lines[0].startswith("Error: ") and CASES[how] in lines[0]
     assert "Traceback" not in r.stderr and r.stdout == ""
+
+
+@pytest.mark.parametrize("odd", ["plain", "nul", "bad-utf8", "split-char"])
+def test_bulk_string_arrays_equal_per_string_reads(tmp_path: Path, odd: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Large string arrays are decoded in one pass; every odd case must read as the per-string path does."""
+    import llmedge.gguf as reader
+
+    words = [f"tok{i}" for i in range(3000)] + ["", "ĠÃ©", "日本語", "😀"]
+    w = gguf.GGUFWriter(str(tmp_path / "s.gguf"), "llama")
+    w.add_array("test.words", words)
+    w.add_tensor("vec.weight", np.zeros(64, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    data = bytearray((tmp_path / "s.gguf").read_bytes())
+    at = data.index(b"tok1234")
+    if odd == "nul":
+        data[at + 3] = 0
+    elif odd == "bad-utf8":
+        data[at + 3] = 0xFF
+    elif odd == "split-char":  # a lead byte at the end of one string, its continuation starting the next
+        at = data.index(b"tok1235")
+        data[at + 6] = 0xC3
+        data[at + 7 + 8] = 0xA9
+    path = tmp_path / "odd.gguf"
+    path.write_bytes(bytes(data))
+    bulk = GGUFFile(path).metadata["test.words"]
+    monkeypatch.setattr(reader, "_bulk_strings", lambda *a: None)
+    plain = GGUFFile(path).metadata["test.words"]
+    assert bulk == plain and len(bulk) == len(words)
+    if odd == "plain":
+        assert bulk == words
