@@ -515,6 +515,96 @@ int lle_matmul(int type, const void *w, long long w_stride, long long m, long lo
     return r;
 }
 
+/* ---------------------------------------------------------------- grouped decode products */
+
+/* Several products of one activation row (Q/K/V, gate/up) in one pool job: one thread hand-off
+ * instead of one per product. Each row uses exactly the kernel lle_matmul_impl picks for n = 1. */
+typedef struct {
+    lle_vec_dot_fn vd; lle_gemv_fn gemv;
+    const uint8_t *w; size_t ws; int64_t m; int k;
+    const uint8_t *a; const float *scales;
+    float *out; int64_t chunk, c0, c1;  /* this product's chunks are [c0, c1) of the job */
+} mv_part;
+
+typedef struct { mv_part p[LLE_MAX_GROUP]; int np; int64_t n_chunks; int64_t counter; } mv_ctx;
+
+static scratch_buf g_scratch_group[LLE_MAX_GROUP];
+
+static void mv_task(void *vctx, int ith, int nth) {
+    (void)ith; (void)nth;
+    mv_ctx *c = vctx;
+    for (;;) {
+        const int64_t ch = lle_next_chunk(&c->counter);
+        if (ch >= c->n_chunks) break;
+        int i = 0;
+        while (ch >= c->p[i].c1) i++;
+        const mv_part *p = &c->p[i];
+        const int64_t j0 = (ch - p->c0) * p->chunk;
+        const int64_t j1 = j0 + p->chunk < p->m ? j0 + p->chunk : p->m;
+        if (p->gemv) {
+            p->gemv(p->k, p->w + j0 * p->ws, p->ws, (int)(j1 - j0), p->a, p->scales, p->out + j0);
+        } else {
+            for (int64_t j = j0; j < j1; j++) p->vd(p->k, p->out + j, p->w + j * p->ws, p->a);
+        }
+    }
+}
+
+int lle_matvec_group_impl(const lle_weight *const *ws, int count, const float *x, float *const *outs) {
+    if (count < 1 || count > LLE_MAX_GROUP) return -1;
+    const int nth = lle_pool_threads();
+    mv_ctx c = {0};
+    c.np = count;
+    int64_t bytes = 0;
+    for (int i = 0; i < count; i++) {
+        const lle_weight *w = ws[i];
+        const int type = w->type;
+        if (!valid_type(type) || w->k <= 0 || w->k > 0x7fffffff || w->m <= 0 || lle_row_size(type, w->k) < 0) return -1;
+        const lle_kernels *kw = &g_active[type];
+        const int vt = lle_type_traits[type].vec_type;
+        const lle_from_float_fn ff = g_active[vt].from_float;
+        if (!kw->vec_dot || !ff) return -1;
+        mv_part *p = &c.p[i];
+        p->vd = kw->vec_dot;
+        p->gemv = kw->gemv;
+        if (kw->vec_dot_r8 && w->m % 8 == 0) {
+            p->vd = kw->vec_dot_r8;
+            p->gemv = NULL;
+        }
+        p->w = w->data;
+        p->ws = w->row_bytes > 0 ? (size_t)w->row_bytes : (size_t)lle_row_size(type, w->k);
+        p->m = w->m;
+        p->k = (int)w->k;
+        p->out = outs[i];
+        const lle_act_scales_fn asf = p->gemv ? g_active[vt].act_scales : NULL;
+        if (!asf) p->gemv = NULL;  /* as lle_matmul_impl: the gemv kernels need the float scales */
+        if (vt == T_F32) {
+            p->a = (const uint8_t *)x;
+        } else {
+            const size_t as = (size_t)lle_row_size(vt, w->k);
+            const int64_t nb = w->k / lle_type_traits[vt].block_size;
+            const size_t act_bytes = (as + 63) & ~(size_t)63;
+            uint8_t *a = scratch_get(&g_scratch_group[i], act_bytes + (asf ? 2 * (size_t)nb * sizeof(float) : 0));
+            if (!a) return -2;
+            ff(x, a, w->k);
+            if (asf) {
+                asf(w->k, a, (float *)(a + act_bytes));
+                p->scales = (const float *)(a + act_bytes);
+            }
+            p->a = a;
+        }
+        int64_t chunk = p->m / (nth * 16);
+        if (chunk < 8) chunk = 8;
+        p->chunk = chunk;
+        p->c0 = c.n_chunks;
+        c.n_chunks += (p->m + chunk - 1) / chunk;
+        p->c1 = c.n_chunks;
+        bytes += (int64_t)p->ws * p->m;
+    }
+    if (nth == 1 || bytes < 16384) mv_task(&c, 0, 1);
+    else lle_pool_run(mv_task, &c);
+    return 0;
+}
+
 /* ---------------------------------------------------------------- rows, dequantize, test hooks */
 
 int lle_get_rows(int type, const void *w, long long w_stride, long long k, const int *ids, long long n, float *out) {

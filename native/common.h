@@ -250,6 +250,9 @@ LLE_INLINE int64_t lle_next_chunk(int64_t *counter) {
 /* ---- unlocked op bodies (the public lle_* wrappers take the library lock); for fused callers ---- */
 int lle_matmul_impl(int type, const void *w, long long w_stride, long long m, long long k,
                     const float *x, long long n, float *out, long long ldo);
+#define LLE_MAX_GROUP 4
+/* one activation row times up to LLE_MAX_GROUP weights, in one pool job (bit-identical to separate calls) */
+int lle_matvec_group_impl(const lle_weight *const *ws, int count, const float *x, float *const *outs);
 int lle_rms_norm_impl(const float *x, const float *w, long long n, long long d, float eps, float *out);
 int lle_rope_impl(const float *x, const int *pos, long long n, long long n_head, long long head_dim,
                   int n_rot, float freq_base, float freq_scale, int neox, const float *freq_factors, float *out);

@@ -79,7 +79,13 @@ static int layer_forward(const lle_layer *L, float *x, long long n, const int *p
     int rc = 0;
     /* attention block */
     TIMED(P_NORM, rc |= lle_rms_norm_impl(x, L->attn_norm, n, d, L->eps, xn));
-    TIMED(P_QKV, rc |= mm(&L->wq, xn, n, q); rc |= mm(&L->wk, xn, n, k); rc |= mm(&L->wv, xn, n, v));
+    if (n == 1) {
+        const lle_weight *wqkv[3] = {&L->wq, &L->wk, &L->wv};
+        float *oqkv[3] = {q, k, v};
+        TIMED(P_QKV, rc |= lle_matvec_group_impl(wqkv, 3, xn, oqkv));
+    } else {
+        TIMED(P_QKV, rc |= mm(&L->wq, xn, n, q); rc |= mm(&L->wk, xn, n, k); rc |= mm(&L->wv, xn, n, v));
+    }
     if (L->q_norm) TIMED(P_NORM, rc |= lle_rms_norm_impl(q, L->q_norm, n * L->n_head, hd, L->eps, q));
     if (L->k_norm) TIMED(P_NORM, rc |= lle_rms_norm_impl(k, L->k_norm, n * L->n_kv_head, hd, L->eps, k));
     TIMED(P_ROPE,
@@ -103,7 +109,13 @@ static int layer_forward(const lle_layer *L, float *x, long long n, const int *p
     TIMED(P_ADD, rc |= lle_add_impl(x, h, n * d, x));
     /* feed-forward block */
     TIMED(P_NORM, rc |= lle_rms_norm_impl(x, L->ffn_norm, n, d, L->eps, xn));
-    TIMED(P_GATE_UP, rc |= mm(&L->gate, xn, n, gate); rc |= mm(&L->up, xn, n, up));
+    if (n == 1) {
+        const lle_weight *wgu[2] = {&L->gate, &L->up};
+        float *ogu[2] = {gate, up};
+        TIMED(P_GATE_UP, rc |= lle_matvec_group_impl(wgu, 2, xn, ogu));
+    } else {
+        TIMED(P_GATE_UP, rc |= mm(&L->gate, xn, n, gate); rc |= mm(&L->up, xn, n, up));
+    }
     TIMED(P_GLU, rc |= lle_glu_impl(gate, up, n * L->n_ff, L->glu_kind, gate));
     TIMED(P_DOWN, rc |= mm(&L->down, gate, n, h));
     if (L->post_ffn_norm) TIMED(P_NORM, rc |= lle_rms_norm_impl(h, L->post_ffn_norm, n, d, L->eps, h));
