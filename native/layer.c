@@ -35,7 +35,7 @@ static double now_ns(void) {
     } while (0)
 
 typedef struct { float *p; size_t n; } fbuf;
-static fbuf g_bufs[8];
+static fbuf g_bufs[10];
 
 static float *buf(int i, size_t n) {
     fbuf *b = &g_bufs[i];
@@ -54,18 +54,43 @@ static int mm(const lle_weight *w, const float *x, long long n, float *out) {
     return lle_matmul_impl(w->type, w->data, w->row_bytes, w->m, w->k, x, n, out, w->m);
 }
 
-/* store rows of K or V ([n][n_kv * hd] float32) at their cells */
-static void store_rows(void *cells, int f16, const float *src, int n, int row_floats, int cell_start,
-                       int n_first) {
+enum { KV_F32 = 0, KV_F16 = 1, KV_Q8_0 = 2 };
+
+/* store rows of K or V ([n][row_floats] float32) at their cells; q8_0 as kvcache.quantize_q8_0 does
+ * (d = amax / 127 stored as f16, values round-half-even(x * 127 / amax)) */
+static void store_rows(void *cells, void *scales, int type, const float *src, int n, int row_floats,
+                       int cell_start, int n_first) {
     for (int r = 0; r < n; r++) {
         const int cell = r < n_first ? cell_start + r : r - n_first;
         const float *s = src + (size_t)r * row_floats;
-        if (f16) {
+        if (type == KV_F16) {
             lle_half *d = (lle_half *)cells + (size_t)cell * row_floats;
             for (int i = 0; i < row_floats; i++) d[i] = lle_fp32_to_fp16(s[i]);
-        } else {
+        } else if (type == KV_F32) {
             memcpy((float *)cells + (size_t)cell * row_floats, s, (size_t)row_floats * sizeof(float));
+        } else {
+            int8_t *q = (int8_t *)cells + (size_t)cell * row_floats;
+            lle_half *dd = (lle_half *)scales + (size_t)cell * (row_floats / 32);
+            for (int b = 0; b < row_floats / 32; b++) {
+                const float *x = s + b * 32;
+                float amax = 0.0f;
+                for (int i = 0; i < 32; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+                dd[b] = lle_fp32_to_fp16(amax / 127.0f);
+                const float inv = amax != 0.0f ? 127.0f / amax : 0.0f;
+                for (int i = 0; i < 32; i++) q[b * 32 + i] = (int8_t)nearbyintf(x[i] * inv);
+            }
         }
+    }
+}
+
+/* q8_0 cells [0, n_cells) as float32 (kvcache.dequantize_q8_0: value * f32(scale)) */
+static void dequantize_cells(const void *cells, const void *scales, int n_cells, int row_floats, float *out) {
+    const int8_t *q = cells;
+    const lle_half *d = scales;
+    const size_t nb = (size_t)n_cells * (size_t)(row_floats / 32);
+    for (size_t b = 0; b < nb; b++) {
+        const float s = lle_fp16_to_fp32(d[b]);
+        for (int i = 0; i < 32; i++) out[b * 32 + i] = (float)q[b * 32 + i] * s;
     }
 }
 
@@ -96,11 +121,21 @@ static int layer_forward(const lle_layer *L, float *x, long long n, const int *p
     for (int s = 0; s < n_seqs; s++) {
         const lle_kv *c = &kv[s];
         const int r0 = seq_rows[s], ns = seq_rows[s + 1] - r0;
+        const void *kc = c->k, *vc = c->v;
         TIMED(P_KV_STORE,
-              store_rows(c->k, c->kv_f16, k + (size_t)r0 * nk, ns, nk, c->cell_start, c->n_first);
-              store_rows(c->v, c->kv_f16, v + (size_t)r0 * nk, ns, nk, c->cell_start, c->n_first));
+              store_rows(c->k, c->k_d, c->kv_type, k + (size_t)r0 * nk, ns, nk, c->cell_start, c->n_first);
+              store_rows(c->v, c->v_d, c->kv_type, v + (size_t)r0 * nk, ns, nk, c->cell_start, c->n_first));
+        if (c->kv_type == KV_Q8_0) {  /* attention reads float32 copies, as the op-by-op path does */
+            float *kf = buf(8, (size_t)c->n_cells * nk);
+            float *vf = buf(9, (size_t)c->n_cells * nk);
+            if (!kf || !vf) return -2;
+            TIMED(P_KV_STORE, dequantize_cells(c->k, c->k_d, c->n_cells, nk, kf);
+                  dequantize_cells(c->v, c->v_d, c->n_cells, nk, vf));
+            kc = kf;
+            vc = vf;
+        }
         TIMED(P_ATTN,
-              rc |= lle_attention_impl(q + (size_t)r0 * nq, ns, L->n_head, hd, c->k, c->v, c->kv_f16, c->n_cells,
+              rc |= lle_attention_impl(q + (size_t)r0 * nq, ns, L->n_head, hd, kc, vc, c->kv_type == KV_F16, c->n_cells,
                                        L->n_kv_head, nk, hd, nk, hd, pos + r0, c->pos, L->attn_scale, L->window,
                                        L->softcap, ao + (size_t)r0 * nq));
     }

@@ -71,8 +71,9 @@ typedef struct {
 
 typedef struct {
     void *k, *v;               /* cell 0 of this layer's K and V cells, [capacity][n_kv_head][head_dim] */
+    void *k_d, *v_d;           /* q8_0 only: the f16 block scales, [capacity][n_kv_head][head_dim / 32] */
     const int *pos;            /* the position of every cell, already set for this step's rows */
-    int kv_f16;                /* 1: f16 cells, 0: f32 */
+    int kv_type;               /* 0: f32 cells, 1: f16, 2: q8_0 (int8 values and f16 scales per 32) */
     int cell_start, n_first;   /* rows [0, n_first) go to cells cell_start.., the others to cells 0.. */
     int n_cells;               /* attention reads cells [0, n_cells) */
 } lle_kv;

@@ -54,6 +54,15 @@ def test_fused_stack_equals_op_by_op(name: str, n_prompt: int, model_paths: dict
         assert rings and all(layer.used == layer.capacity < n_prompt for layer in rings)
 
 
+@pytest.mark.parametrize("kv_type", ["q8_0", "f32"])
+def test_fused_stack_with_other_cache_types(kv_type: str, model_paths: dict[str, Path]) -> None:
+    m = Model(model_paths["smollm2"], backend="native", n_ctx=256, n_batch=64, kv_type=kv_type)
+    ids = _ids(m, 150)  # three prefill chunks
+    fused, _ = _run(m, ids, [5, 77], fused=True)
+    plain, _ = _run(m, ids, [5, 77], fused=False)
+    np.testing.assert_array_equal(fused, plain)
+
+
 @pytest.mark.parametrize("name", ["smollm2", "gemma3"])
 def test_step_over_sequences_matches_each_alone(name: str, model_paths: dict[str, Path]) -> None:
     m = Model(model_paths[name], backend="native", n_ctx=256)

@@ -327,14 +327,14 @@ class NativeBackend:
         of ``step`` in place, in one C call; the K/V cells are claimed here and written by C.
 
         Returns False (nothing done) when the op-by-op path must run instead: a weight without a
-        native kernel or a q8_0 cache."""
+        native kernel."""
         plan = getattr(model, "_native_stack", None)
         if plan is None:
             plan = model._native_stack = _StackPlan(model) if _StackPlan.supported(model) else False
         if plan is False or x.dtype != _F32 or not x.flags["C_CONTIGUOUS"]:
             return False
         batches = step.batches
-        if any(b.cache.kv_type not in ("f16", "f32") or len(b.cache.layers) != plan.n_layer for b in batches):
+        if any(b.cache.kv_type not in _KV_TYPE_CODES or len(b.cache.layers) != plan.n_layer for b in batches):
             return False
         n_seqs, n_layer = len(batches), plan.n_layer
         kv = ffi.new("lle_kv[]", n_layer * n_seqs)
@@ -347,8 +347,8 @@ class NativeBackend:
                     layer.rope = (spec.n_rot, spec.rope_base, spec.rope_scale, spec.neox)
                 start, first, used = layer.reserve(positions)
                 e = kv[il * n_seqs + s]
-                e.k, e.v, e.pos = _cells_ptrs(layer)
-                e.kv_f16 = 1 if layer.kv_type == "f16" else 0
+                e.k, e.v, e.k_d, e.v_d, e.pos = _cells_ptrs(layer)
+                e.kv_type = _KV_TYPE_CODES[layer.kv_type]
                 e.cell_start, e.n_first, e.n_cells = start, first, used
         pos = np.ascontiguousarray(step.positions, dtype=np.int32)
         rows = np.array([0] + [e for _, e in step.bounds], dtype=np.int32)
@@ -403,15 +403,21 @@ class _StackPlan:
             return False
 
 
-def _cells_ptrs(layer: Any) -> tuple[Any, Any, Any]:
-    """C pointers to a layer cache's K cells, V cells and positions (cached on the layer)."""
+_KV_TYPE_CODES = {"f32": 0, "f16": 1, "q8_0": 2}
+
+
+def _cells_ptrs(layer: Any) -> tuple[Any, ...]:
+    """C pointers to a layer cache's K cells, V cells, their q8_0 scales (NULL for float caches) and
+    positions (cached on the layer)."""
     cached = getattr(layer, "_native_ptrs", None)
-    k, v = layer.k.arrays[0], layer.v.arrays[0]
-    if cached is None or cached[0] is not k or cached[1] is not v:
-        cached = (k, v, ffi.from_buffer("uint8_t[]", k), ffi.from_buffer("uint8_t[]", v),
+    k, v = layer.k.arrays, layer.v.arrays
+    if cached is None or cached[0] is not k[0] or cached[1] is not v[0]:
+        scales = ((ffi.from_buffer("uint8_t[]", k[1]), ffi.from_buffer("uint8_t[]", v[1])) if len(k) > 1
+                  else (ffi.NULL, ffi.NULL))
+        cached = (k[0], v[0], ffi.from_buffer("uint8_t[]", k[0]), ffi.from_buffer("uint8_t[]", v[0]), *scales,
                   ffi.from_buffer("int[]", layer.pos))
         layer._native_ptrs = cached
-    return cached[2], cached[3], cached[4]
+    return cached[2:]
 
 
 def _base_ptr(a: np.ndarray) -> Any:
