@@ -1,5 +1,6 @@
 """Structured output: generations constrained by llguidance validate against their JSON schema on both
-real models; schemas llguidance cannot compile are refused with the reason."""
+real models (the same 20 schemas), end with done_reason "stop", and the candidate-restricted sampler picks
+what the full-vocabulary mask would; schemas llguidance cannot compile are refused with the reason."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import numpy as np
 import pytest
 
 S = {"type": "string", "maxLength": 12}
@@ -68,8 +70,51 @@ def test_twenty_schemas_validate_on_smollm2(smollm2_path: Path) -> None:
     _run(smollm2_path, SCHEMAS)
 
 
-def test_schemas_validate_on_gemma3(gemma3_path: Path) -> None:
-    _run(gemma3_path, SCHEMAS[::3])  # a third of them: the 262k-token vocabulary makes each token slower
+def test_twenty_schemas_validate_on_gemma3(gemma3_path: Path) -> None:
+    _run(gemma3_path, SCHEMAS)  # the 262k-token vocabulary: the mask costs about a millisecond a token
+
+
+def test_masked_sampling_matches_the_full_vocabulary_reference(smollm2_path: Path) -> None:
+    """Greedy with penalties, top log-probs: the sampler over the allowed candidates only gives the token
+    and log-probabilities of the plain sampler over the whole vocabulary with disallowed logits at -inf."""
+    import llguidance
+
+    from llmedge.gguf import GGUFFile
+    from llmedge.sampling import Sampler, SamplingOptions
+    from llmedge.server.grammar import RequestSampler, compile_schema, ll_tokenizer
+    from llmedge.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_metadata(GGUFFile(smollm2_path).metadata)
+    opts = SamplingOptions(temperature=0.0, repeat_penalty=1.5, presence_penalty=0.5, frequency_penalty=0.3,
+                           repeat_last_n=6)
+    grammar = compile_schema(SCHEMAS[8])
+    fast = RequestSampler(opts, tok, grammar, top_logprobs=4)
+    ref = llguidance.LLMatcher(ll_tokenizer(tok), grammar)
+    rng = np.random.default_rng(3)
+    history = tok.encode('{"user": {"id": 12, "nick": "ab"}}', add_bos=False)  # penalized, not consumed
+    n_penalized = 0
+    for _ in range(200):
+        logits = (rng.standard_normal(tok.n_vocab) * 2).astype(np.float32)
+        logits[history[-6:]] += 4.0  # recent tokens lead, so the penalties decide
+        allowed = np.frombuffer(ref.compute_logit_bias(), dtype=np.uint8)[: tok.n_vocab] != 0
+        masked = np.where(allowed, logits, -np.inf)
+        want = Sampler(opts).sample(masked, history)
+        n_penalized += want != int(np.argmax(masked))
+        assert fast.sample(logits, history) == want
+        x = masked.astype(np.float64)
+        lp = x - (x.max() + np.log(np.exp(x - x.max()).sum()))
+        rec = fast.records[-1]
+        assert rec["logprob"] == pytest.approx(lp[want], abs=1e-9)
+        assert [t for t, _ in rec["top"]] == list(np.argsort(-lp, kind="stable")[: len(rec["top"])])
+        assert len(rec["top"]) == min(4, int(allowed.sum()))
+        assert ref.consume_token(want)
+        history.append(want)
+        if tok.is_eog(want):
+            break
+    else:
+        pytest.fail("the grammar never completed")
+    assert n_penalized > 0 and len(fast.records) > 10
+    jsonschema.validate(json.loads(tok.decode(history[-len(fast.records):-1])), SCHEMAS[8])
 
 
 def test_uncompilable_schemas_are_refused_with_the_reason() -> None:
@@ -80,3 +125,28 @@ def test_uncompilable_schemas_are_refused_with_the_reason() -> None:
         with pytest.raises(HTTPError) as e:
             compile_schema(bad)
         assert e.value.status == 400 and e.value.message
+
+
+def test_forced_tokens_and_completion(smollm2_path: Path) -> None:
+    """The grammar's forced tokens come without sampling (within the limit, never with log-probs), and
+    the sampler says when the grammar is complete; then only an end-of-generation token is sampled."""
+    from llmedge.gguf import GGUFFile
+    from llmedge.sampling import SamplingOptions
+    from llmedge.server.grammar import RequestSampler, compile_schema
+    from llmedge.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_metadata(GGUFFile(smollm2_path).metadata)
+    grammar = compile_schema(SCHEMAS[8])
+    opts = SamplingOptions(temperature=0.0)
+    head = RequestSampler(opts, tok, grammar).forced(100)
+    assert tok.decode(head) == '{"user": {"id": '
+    assert RequestSampler(opts, tok, grammar, logprobs=True).forced(100) == []
+    s = RequestSampler(opts, tok, grammar)
+    assert s.forced(2) == head[:2] and s.forced(100) == head[2:] and s.forced(100) == []
+    for t in tok.encode('42, "nick": "ab"}}', add_bos=False):
+        assert not s.finished
+        logits = np.zeros(tok.n_vocab, dtype=np.float32)
+        logits[t] = 5.0
+        assert s.sample(logits) == t
+    assert s.finished
+    assert tok.is_eog(s.sample(np.zeros(tok.n_vocab, dtype=np.float32)))

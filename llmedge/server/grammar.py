@@ -1,9 +1,11 @@
 """Structured output and per-token log-probabilities: the server's sampler.
 
 :class:`RequestSampler` is the project's :class:`~llmedge.sampling.Sampler` plus two optional steps:
-a grammar mask from llguidance (JSON schema, or any JSON object for ``format: "json"``) applied to the
-logits before the chain, and recording the log-probability of each sampled token and its top
-alternatives. The llguidance tokenizer is built once per model from the GGUF vocabulary bytes.
+a grammar mask from llguidance (JSON schema, or any JSON object for ``format: "json"``) that restricts
+the chain to the tokens the grammar allows, and recording the log-probability of each sampled token and
+its top alternatives. With a grammar it also offers the tokens the grammar forces next
+(:meth:`RequestSampler.forced`) and says when the grammar is complete (:attr:`RequestSampler.finished`).
+The llguidance tokenizer is built once per model from the GGUF vocabulary bytes.
 A schema llguidance cannot compile is refused with the reason (:func:`compile_schema`), never
 silently ignored.
 """
@@ -115,49 +117,111 @@ def ll_tokenizer(tokenizer: Any) -> Any:
 
 
 class RequestSampler(Sampler):
-    """One request's sampler: an optional grammar mask, the option chain, optional log-prob records."""
+    """One request's sampler: an optional grammar mask, the option chain, optional log-prob records.
+
+    With a grammar, llguidance writes the set of allowed tokens into a preallocated bitmask (one bit a
+    token, computed without the GIL); the option chain then runs only over the allowed candidates, so a
+    large vocabulary costs nothing when few tokens fit. A single allowed token (a forced brace, quote or
+    key) is returned without running the chain.
+    """
 
     def __init__(self, options: SamplingOptions, tokenizer: Any = None, grammar: str | None = None,
                  logprobs: bool = False, top_logprobs: int = 0) -> None:
         super().__init__(options)
         self.tokenizer = tokenizer
         self.matcher = None
+        self._mask = np.zeros(0, dtype="<u4")
         if grammar is not None:
             import llguidance
 
-            self.matcher = llguidance.LLMatcher(ll_tokenizer(tokenizer), grammar, log_level=0)
+            lltok = ll_tokenizer(tokenizer)
+            self.matcher = llguidance.LLMatcher(lltok, grammar, log_level=0)
             if self.matcher.is_error():
                 raise HTTPError(400, f"the grammar cannot be used: {self.matcher.get_error()}")
+            self._mask = np.zeros((lltok.vocab_size + 31) // 32, dtype="<u4")
         self.logprobs = logprobs or top_logprobs > 0
         self.top_logprobs = max(0, min(int(top_logprobs), 20))
         self.records: list[dict[str, Any]] = []
 
     def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
-        if self.matcher is not None:
-            allowed = np.frombuffer(self.matcher.compute_logit_bias(), dtype=np.uint8)[: len(logits)] != 0
-            if not allowed.any():
-                raise HTTPError(400, f"the grammar allows no token here: {self.matcher.get_error()}")
-            masked = np.full(len(logits), -np.inf, dtype=np.float64)
-            masked[: len(allowed)][allowed] = logits[: len(allowed)][allowed]
-            logits = masked
-        token = super().sample(logits, history)
+        if self.matcher is None:
+            token = super().sample(logits, history)
+            if self.logprobs:
+                self._record(logits, None, token)
+            return token
+        allowed = self.allowed(len(logits))
+        if len(allowed) == 0:
+            raise HTTPError(400, f"the grammar allows no token here: {self.matcher.get_error()}")
+        if len(allowed) == 1:
+            token = int(allowed[0])
+        elif len(allowed) == len(logits):
+            token = super().sample(logits, history)
+            allowed = None
+        else:
+            token = int(allowed[super().sample(logits[allowed], self._local_history(allowed, history))])
         if self.logprobs:
-            self._record(logits, token)
-        if self.matcher is not None:
-            self.matcher.consume_token(token)
+            self._record(logits, allowed, token)
+        if not self.matcher.consume_token(token):
+            raise HTTPError(400, f"the grammar rejected token {token}: {self.matcher.get_error()}")
         return token
 
-    def _record(self, logits: np.ndarray, token: int) -> None:
-        x = logits.astype(np.float64)
+    @property
+    def finished(self) -> bool:
+        """True once the grammar is complete: nothing but the end of generation may follow."""
+        return self.matcher is not None and self.matcher.is_stopped()
+
+    def forced(self, limit: int) -> list[int]:
+        """Up to ``limit`` tokens the grammar forces next (llguidance's fast-forward tokens, which never
+        end a token the model could still extend), consumed as if sampled, so an engine can evaluate them
+        in one forward after the sampled token. Empty without a grammar or while log-probabilities are
+        recorded (those need the logits of every position)."""
+        if self.matcher is None or self.logprobs or limit <= 0:
+            return []
+        ff = self.matcher.compute_ff_tokens()[:limit]
+        if ff and not self.matcher.consume_tokens(ff):
+            raise HTTPError(400, f"the grammar rejected its forced tokens: {self.matcher.get_error()}")
+        return ff
+
+    def allowed(self, n_logits: int) -> np.ndarray:
+        """The sorted ids (below ``n_logits``) the grammar allows next. A sparse bitmask has only its nonzero
+        words unpacked, so the cost follows the number of allowed tokens, not the vocabulary."""
+        assert self.matcher is not None
+        mask = self._mask
+        self.matcher.unsafe_compute_mask_ptr(mask.ctypes.data, mask.nbytes)
+        words = np.flatnonzero(mask)
+        if len(words) * 4 > len(mask):  # dense (inside a string): unpack it all
+            ids = np.flatnonzero(np.unpackbits(mask.view(np.uint8), bitorder="little"))
+        else:
+            bit = np.flatnonzero(np.unpackbits(mask[words].view(np.uint8), bitorder="little"))
+            ids = words[bit >> 5] * 32 + (bit & 31)
+        return ids[ids < n_logits] if len(ids) and ids[-1] >= n_logits else ids
+
+    def _local_history(self, allowed: np.ndarray, history: Sequence[int]) -> Sequence[int]:
+        """The penalty window of ``history`` in candidate positions (-1 for tokens the grammar excludes:
+        they stay at -inf whatever their penalty), so the chain on candidates penalizes as on the vocabulary."""
+        o = self.options
+        if o.repeat_penalty == 1.0 and o.presence_penalty == 0.0 and o.frequency_penalty == 0.0:
+            return ()
+        n = len(history) if o.repeat_last_n < 0 else o.repeat_last_n
+        if n == 0 or len(history) == 0:
+            return ()
+        recent = np.asarray(history[max(0, len(history) - n):], dtype=np.int64)
+        pos = np.minimum(np.searchsorted(allowed, recent), len(allowed) - 1)
+        return np.where(allowed[pos] == recent, pos, -1).tolist()
+
+    def _record(self, logits: np.ndarray, allowed: np.ndarray | None, token: int) -> None:
+        """Log-probabilities of the model's distribution (restricted to ``allowed`` when masked)."""
+        x = (logits if allowed is None else logits[allowed]).astype(np.float64)
         m = np.max(x)
-        logz = m + np.log(np.sum(np.exp(x - m)))
-        lp = x - logz
-        rec: dict[str, Any] = {"id": token, "logprob": _finite(lp[token])}
+        lp = x - (m + np.log(np.sum(np.exp(x - m))))
+        where = token if allowed is None else int(np.searchsorted(allowed, token))
+        rec: dict[str, Any] = {"id": token, "logprob": _finite(lp[where])}
         if self.top_logprobs:
-            k = self.top_logprobs
+            k = min(self.top_logprobs, len(lp))
             top = np.argpartition(-lp, k - 1)[:k]
             top = top[np.argsort(-lp[top], kind="stable")]
-            rec["top"] = [(int(t), _finite(lp[t])) for t in top if np.isfinite(lp[t])]
+            ids = top if allowed is None else allowed[top]
+            rec["top"] = [(int(i), _finite(lp[t])) for i, t in zip(ids, top, strict=True) if np.isfinite(lp[t])]
         self.records.append(rec)
 
     def piece(self, token: int) -> bytes:
