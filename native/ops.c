@@ -270,18 +270,26 @@ int lle_softmax(const float *x, long long n, long long d, float scale, float *ou
 typedef struct {
     lle_attn_args a;
     float *scratch; int64_t scratch_per_thread;
+    int64_t rows_per_task, n_blocks;   /* a task: rows_per_task query rows of one head */
     int64_t counter;
 } attn_ctx;
 
+/* Tasks run kv head by kv head, then block of query rows, then the query heads that share the kv
+ * head, so the K/V rows of one head stay in cache across consecutive tasks. Every (row, head) is
+ * computed independently: the split changes no value. */
 static void attn_task(void *vctx, int ith, int nth) {
     (void)nth;
     attn_ctx *c = vctx;
     float *scratch = c->scratch + ith * c->scratch_per_thread;
-    const int64_t n_tasks = c->a.n * c->a.n_head;
+    const int64_t n = c->a.n, hpg = c->a.n_head / c->a.n_kv, per_kv = c->n_blocks * hpg;
+    const int64_t n_tasks = c->a.n_kv * per_kv;
     for (;;) {
         const int64_t task = lle_next_chunk(&c->counter);
         if (task >= n_tasks) break;
-        lle_ops->attn_row(&c->a, task / c->a.n_head, task % c->a.n_head, scratch);
+        const int64_t g = task / per_kv, rem = task % per_kv;
+        const int64_t h = g * hpg + rem % hpg, i0 = (rem / hpg) * c->rows_per_task;
+        const int64_t i1 = i0 + c->rows_per_task < n ? i0 + c->rows_per_task : n;
+        for (int64_t i = i0; i < i1; i++) lle_ops->attn_row(&c->a, i, h, scratch);
     }
 }
 
@@ -299,7 +307,12 @@ int lle_attention_impl(const float *q, long long n, long long n_head, long long 
     }
     attn_ctx c = {{q, n, n_head, d, k, v, kv_f16, t, n_kv, k_stride_t, k_stride_h, v_stride_t, v_stride_h,
                    q_pos, k_pos, scale, window, softcap, out},
-                  scratch, per, 0};
+                  scratch, per, 1, n, 0};
+    /* blocks of up to 32 query rows, at least ~16 tasks per thread */
+    int64_t rows = n * n_head / (16 * (int64_t)nth);
+    rows = rows < 1 ? 1 : rows > 32 ? 32 : rows;
+    c.rows_per_task = rows;
+    c.n_blocks = (n + rows - 1) / rows;
     /* below ~100k multiply-adds the pool round trip costs more than it saves */
     if (n * n_head == 1 || nth == 1 || n * n_head * t * d < 100000) attn_task(&c, 0, 1);
     else lle_pool_run(attn_task, &c);

@@ -147,11 +147,230 @@ static double softmax_exp(int n, float *y, const float *x, float max) {
     return sum;
 }
 
+/* ---- blocks of 8 cells: eight dot products at once, reduced together ----
+ * hsum8_x8 / reduce_ggml4_x8 return the 8 horizontal sums of c[0..7] in one vector, each lane added
+ * in exactly hsum8's (tinyBLAS) or reduce_ggml4's (ggml) order: (lo + hi) first, then
+ * (0 + 2) + (1 + 3) for tinyBLAS, (0 + 1) + (2 + 3) for ggml. */
+
+LLE_INLINE void halves_x8(const __m256 *c, __m256 *v) {
+    for (int k = 0; k < 4; k++)
+        v[k] = _mm256_add_ps(_mm256_permute2f128_ps(c[k], c[k + 4], 0x20), _mm256_permute2f128_ps(c[k], c[k + 4], 0x31));
+}
+
+LLE_INLINE __m256 hsum8_x8(const __m256 *c) {
+    __m256 v[4];
+    halves_x8(c, v); /* v[k] = [a_k | a_k+4], a_j[m] = c_j[m] + c_j[m + 4] */
+    const __m256 u01 = _mm256_add_ps(_mm256_unpacklo_ps(v[0], v[1]), _mm256_unpackhi_ps(v[0], v[1]));
+    const __m256 u23 = _mm256_add_ps(_mm256_unpacklo_ps(v[2], v[3]), _mm256_unpackhi_ps(v[2], v[3]));
+    return _mm256_add_ps(_mm256_shuffle_ps(u01, u23, _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm256_shuffle_ps(u01, u23, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+
+LLE_INLINE __m256 reduce_ggml4_x8(const __m256 *x) {
+    __m256 v[4];
+    halves_x8(x, v);
+    return _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+}
+
+/* one K row, as floats from an f16 or f32 cache (byte address) */
+LLE_INLINE __m256 ld_kv(const uint8_t *p, int f16) {
+    return f16 ? LDH((const lle_half *)p) : _mm256_loadu_ps((const float *)p);
+}
+
+/* scores of cells j..j+7 against the float query qv: tinyBLAS order (d % 8 == 0) */
+LLE_INLINE __m256 kq8_tb(const uint8_t *k0, size_t kst, const float *qv, int64_t d, int f16) {
+    __m256 c[8];
+    for (int m = 0; m < 8; m++) c[m] = _mm256_setzero_ps();
+    const size_t esz = f16 ? 2 : 4;
+    for (int64_t l = 0; l < d; l += 8) {
+        const __m256 qq = _mm256_loadu_ps(qv + l);
+        const uint8_t *kl = k0 + (size_t)l * esz;
+        for (int m = 0; m < 8; m++) c[m] = _mm256_fmadd_ps(ld_kv(kl + m * kst, f16), qq, c[m]);
+    }
+    return hsum8_x8(c);
+}
+
+/* the same in ggml's vec_dot order (d % 32 == 0): 4 accumulators per cell */
+LLE_INLINE __m256 kq8_ggml(const uint8_t *k0, size_t kst, const float *qv, int64_t d, int f16) {
+    __m256 x[8];
+    const size_t esz = f16 ? 2 : 4;
+    for (int m = 0; m < 8; m++) {
+        const uint8_t *kr = k0 + m * kst;
+        __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
+        for (int64_t l = 0; l < d; l += 32) {
+            s0 = _mm256_fmadd_ps(ld_kv(kr + (size_t)l * esz, f16), _mm256_loadu_ps(qv + l), s0);
+            s1 = _mm256_fmadd_ps(ld_kv(kr + (size_t)(l + 8) * esz, f16), _mm256_loadu_ps(qv + l + 8), s1);
+            s2 = _mm256_fmadd_ps(ld_kv(kr + (size_t)(l + 16) * esz, f16), _mm256_loadu_ps(qv + l + 16), s2);
+            s3 = _mm256_fmadd_ps(ld_kv(kr + (size_t)(l + 24) * esz, f16), _mm256_loadu_ps(qv + l + 24), s3);
+        }
+        x[m] = _mm256_add_ps(_mm256_add_ps(s0, s2), _mm256_add_ps(s1, s3));
+    }
+    return reduce_ggml4_x8(x);
+}
+
+/* visibility of cells j..j+7 for query position qp: bit m set when cell j+m is visible */
+LLE_INLINE int visible8(const int *kpos, __m256i vqp, int window, __m256i vwin) {
+    const __m256i kp = _mm256_loadu_si256((const __m256i *)kpos);
+    __m256i bad = _mm256_or_si256(_mm256_cmpgt_epi32(_mm256_setzero_si256(), kp), _mm256_cmpgt_epi32(kp, vqp));
+    if (window > 0)  /* qp - kp >= window */
+        bad = _mm256_or_si256(bad, _mm256_xor_si256(_mm256_cmpgt_epi32(vwin, _mm256_sub_epi32(vqp, kp)),
+                                                    _mm256_set1_epi32(-1)));
+    return ~_mm256_movemask_ps(_mm256_castsi256_ps(bad)) & 0xff;
+}
+
+/* scores of all t cells into w (-inf when masked); returns the max, sets [jlo, jhi] */
+LLE_INLINE float scores_blocked(const lle_attn_args *a, int64_t g, int qp, const float *qv, int tb, int f16,
+                                float *w, int64_t *jlo_out, int64_t *jhi_out) {
+    const int64_t d = a->d, t = a->t;
+    const size_t esz = f16 ? 2 : 4;
+    const size_t kst = (size_t)a->ks_t * esz;
+    const uint8_t *kb = a->k + (size_t)(g * a->ks_h) * esz;
+    const __m256i vqp = _mm256_set1_epi32(qp), vwin = _mm256_set1_epi32(a->window);
+    const __m256 ninf = _mm256_set1_ps(-INFINITY), vscale = _mm256_set1_ps(a->scale);
+    const float inv_cap = a->softcap > 0 ? 1.0f / a->softcap : 0.0f;
+    __m256 vmax = ninf;
+    int64_t jlo = t, jhi = -1, j = 0;
+    for (; j + 8 <= t; j += 8) {
+        const int vis = visible8(a->k_pos + j, vqp, a->window, vwin);
+        if (!vis) {
+            _mm256_storeu_ps(w + j, ninf);
+            continue;
+        }
+        if (jlo == t) jlo = j + __builtin_ctz((unsigned)vis);
+        jhi = j + 31 - __builtin_clz((unsigned)vis);
+        __m256 s = tb ? kq8_tb(kb + j * kst, kst, qv, d, f16) : kq8_ggml(kb + j * kst, kst, qv, d, f16);
+        if (a->softcap > 0) {
+            float tmp[8];
+            _mm256_storeu_ps(tmp, s);
+            for (int m = 0; m < 8; m++) tmp[m] = tanhf(tmp[m] * inv_cap) * a->softcap;
+            s = _mm256_loadu_ps(tmp);
+        }
+        s = _mm256_mul_ps(s, vscale);
+        if (vis != 0xff) {
+            const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+            const __m256i on = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(vis), bit), bit);
+            s = _mm256_blendv_ps(ninf, s, _mm256_castsi256_ps(on));
+        }
+        _mm256_storeu_ps(w + j, s);
+        vmax = _mm256_max_ps(s, vmax); /* NaN scores never become the max, as in the scalar loop */
+    }
+    float tmp[8], max;
+    _mm256_storeu_ps(tmp, vmax);
+    max = tmp[0];
+    for (int m = 1; m < 8; m++)
+        if (tmp[m] > max) max = tmp[m];
+    for (; j < t; j++) {
+        const int kp = a->k_pos[j];
+        if (kp < 0 || kp > qp || (a->window > 0 && qp - kp >= a->window)) {
+            w[j] = -INFINITY;
+            continue;
+        }
+        if (j < jlo) jlo = j;
+        jhi = j;
+        const uint8_t *kr = kb + j * kst;
+        float s;
+        if (f16) {
+            const lle_half *kh = (const lle_half *)kr;
+            if (tb) {
+                __m256 c = _mm256_setzero_ps();
+                for (int64_t l = 0; l < d; l += 8) c = _mm256_fmadd_ps(LDH(kh + l), _mm256_loadu_ps(qv + l), c);
+                s = hsum8(c);
+            } else {
+                __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
+                for (int64_t l = 0; l < d; l += 32) {
+                    s0 = _mm256_fmadd_ps(LDH(kh + l), _mm256_loadu_ps(qv + l), s0);
+                    s1 = _mm256_fmadd_ps(LDH(kh + l + 8), _mm256_loadu_ps(qv + l + 8), s1);
+                    s2 = _mm256_fmadd_ps(LDH(kh + l + 16), _mm256_loadu_ps(qv + l + 16), s2);
+                    s3 = _mm256_fmadd_ps(LDH(kh + l + 24), _mm256_loadu_ps(qv + l + 24), s3);
+                }
+                s = reduce_ggml4(s0, s1, s2, s3);
+            }
+        } else {
+            s = tb ? dot_f32_tb((int)d, (const float *)kr, qv) : dot_f32_ggml((int)d, (const float *)kr, qv);
+        }
+        if (a->softcap > 0) s = tanhf(s * inv_cap) * a->softcap;
+        w[j] = s * a->scale;
+        if (w[j] > max) max = w[j];
+    }
+    *jlo_out = jlo;
+    *jhi_out = jhi;
+    return max;
+}
+
+/* V sum (d % 8 == 0; w[j] are the final probabilities, 0 for masked cells, over [jb, jend) with jb a
+ * multiple of L): llama.cpp keeps, per output value, L partial sums of the cells j with j % L = l.
+ * Here each pass takes one l and a block of up to 64 output values (8 registers), so a V row is
+ * read once per block and its probability broadcast once; the partial sums go to acc[l][e] and are
+ * then added in llama.cpp's order. Cells with probability 0 are skipped as before. */
+LLE_INLINE void v_sum_rows(const lle_attn_args *a, int64_t g, const float *w, int64_t jb, int64_t jend, int L,
+                           int f16, float *acc, float *o) {
+    const int64_t d = a->d;
+    const size_t esz = f16 ? 2 : 4;
+    const size_t vst = (size_t)a->vs_t * esz;
+    for (int64_t e0 = 0; e0 < d; e0 += 64) {
+        const int S = d - e0 >= 64 ? 8 : (int)((d - e0) / 8);
+        const uint8_t *vb = a->v + (size_t)(g * a->vs_h + e0) * esz;
+        for (int l = 0; l < L; l++) {
+            __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
+            __m256 s4 = _mm256_setzero_ps(), s5 = _mm256_setzero_ps(), s6 = _mm256_setzero_ps(), s7 = _mm256_setzero_ps();
+            if (S == 8) {
+                for (int64_t j = jb + l; j < jend; j += L) {
+                    if (w[j] == 0.0f) continue;
+                    const __m256 p = _mm256_broadcast_ss(w + j);
+                    const uint8_t *vr = vb + (size_t)j * vst;
+                    s0 = _mm256_fmadd_ps(ld_kv(vr, f16), p, s0);
+                    s1 = _mm256_fmadd_ps(ld_kv(vr + 8 * esz, f16), p, s1);
+                    s2 = _mm256_fmadd_ps(ld_kv(vr + 16 * esz, f16), p, s2);
+                    s3 = _mm256_fmadd_ps(ld_kv(vr + 24 * esz, f16), p, s3);
+                    s4 = _mm256_fmadd_ps(ld_kv(vr + 32 * esz, f16), p, s4);
+                    s5 = _mm256_fmadd_ps(ld_kv(vr + 40 * esz, f16), p, s5);
+                    s6 = _mm256_fmadd_ps(ld_kv(vr + 48 * esz, f16), p, s6);
+                    s7 = _mm256_fmadd_ps(ld_kv(vr + 56 * esz, f16), p, s7);
+                }
+            } else {
+                for (int64_t j = jb + l; j < jend; j += L) {
+                    if (w[j] == 0.0f) continue;
+                    const __m256 p = _mm256_broadcast_ss(w + j);
+                    const uint8_t *vr = vb + (size_t)j * vst;
+                    s0 = _mm256_fmadd_ps(ld_kv(vr, f16), p, s0);
+                    if (S > 1) s1 = _mm256_fmadd_ps(ld_kv(vr + 8 * esz, f16), p, s1);
+                    if (S > 2) s2 = _mm256_fmadd_ps(ld_kv(vr + 16 * esz, f16), p, s2);
+                    if (S > 3) s3 = _mm256_fmadd_ps(ld_kv(vr + 24 * esz, f16), p, s3);
+                    if (S > 4) s4 = _mm256_fmadd_ps(ld_kv(vr + 32 * esz, f16), p, s4);
+                    if (S > 5) s5 = _mm256_fmadd_ps(ld_kv(vr + 40 * esz, f16), p, s5);
+                    if (S > 6) s6 = _mm256_fmadd_ps(ld_kv(vr + 48 * esz, f16), p, s6);
+                }
+            }
+            float *al = acc + l * d + e0;
+            const __m256 sv[8] = {s0, s1, s2, s3, s4, s5, s6, s7};
+            for (int k = 0; k < S; k++) _mm256_storeu_ps(al + 8 * k, sv[k]);
+        }
+    }
+#define A(l) _mm256_loadu_ps(acc + (l) * d + e)
+    for (int64_t e = 0; e < d; e += 8) {
+        __m256 r;
+        if (L == 8) {
+            r = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(A(4), A(0)), _mm256_add_ps(A(6), A(2))),
+                              _mm256_add_ps(_mm256_add_ps(A(5), A(1)), _mm256_add_ps(A(7), A(3))));
+        } else {
+            __m256 x[8];
+            for (int l = 0; l < 8; l++) x[l] = _mm256_add_ps(_mm256_add_ps(A(l), A(16 + l)), _mm256_add_ps(A(8 + l), A(24 + l)));
+            __m256 t0[4];
+            for (int l = 0; l < 4; l++) t0[l] = _mm256_add_ps(x[l], x[4 + l]);
+            r = _mm256_add_ps(_mm256_add_ps(t0[0], t0[1]), _mm256_add_ps(t0[2], t0[3]));
+        }
+        _mm256_storeu_ps(o + e, r);
+    }
+#undef A
+}
+
 /* Attention of one query row and head exactly as llama.cpp computes it without flash attention
  * on an AVX2 CPU: Q rounded to the cache type, K.Q in ggml's (one query) or tinyBLAS's (several
  * queries) order, soft-cap, scale, softmax with ggml's vectorized expf over cells padded to 8,
  * probabilities rounded to the cache type, and the V sum in the same two orders (kept as 32 or 8
- * partial sums per output value while cells are visited one by one). */
+ * partial sums per output value while cells are visited one by one). Cells are scored 8 at a time
+ * (blocks with no visible cell skipped) and the V partial sums live in registers, 8-value slice by
+ * slice; every sum is still formed in llama.cpp's order. */
 static void attn_row(const lle_attn_args *a, int64_t i, int64_t h, float *scratch) {
     const int64_t d = a->d, t = a->t;
     const int64_t tp = (t + 31) & ~(int64_t)31, t8 = (t + 7) & ~(int64_t)7;
@@ -176,47 +395,37 @@ static void attn_row(const lle_attn_args *a, int64_t i, int64_t h, float *scratc
     }
     const int qp = a->q_pos[i];
     const float inv_cap = a->softcap > 0 ? 1.0f / a->softcap : 0.0f;
-    /* fast path (f16 cache, head size a multiple of 8 or 32): Q converted to float once */
-    const int fast_kq = f16 && (tb_kq ? d % 8 == 0 : d % 32 == 0);
+    /* blocked scores: head size a multiple of 8 (tinyBLAS) or 32 (ggml); Q as floats once */
+    const int blocked = tb_kq ? d % 8 == 0 : d % 32 == 0;
+    const int fast_kq = f16 && blocked;
     float *qc = acc;  /* reused: the V partial sums are only needed after the scores */
     if (fast_kq)
         for (int64_t e = 0; e < d; e += 8) _mm256_storeu_ps(qc + e, LDH(q16 + e));
     float max = -INFINITY;
     int64_t jlo = t, jhi = -1;
-    for (int64_t j = 0; j < t; j++) {
-        const int kp = a->k_pos[j];
-        if (kp < 0 || kp > qp || (a->window > 0 && qp - kp >= a->window)) {
-            w[j] = -INFINITY;
-            continue;
-        }
-        if (j < jlo) jlo = j;
-        jhi = j;
-        const uint8_t *kr = a->k + (size_t)(j * a->ks_t + g * a->ks_h) * esz;
-        float s;
-        if (fast_kq) {
-            const lle_half *kh = (const lle_half *)kr;
-            if (tb_kq) {
-                __m256 c = _mm256_setzero_ps();
-                for (int64_t l = 0; l < d; l += 8) c = _mm256_fmadd_ps(LDH(kh + l), _mm256_loadu_ps(qc + l), c);
-                s = hsum8(c);
-            } else {
-                __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
-                for (int64_t l = 0; l < d; l += 32) {
-                    s0 = _mm256_fmadd_ps(LDH(kh + l), _mm256_loadu_ps(qc + l), s0);
-                    s1 = _mm256_fmadd_ps(LDH(kh + l + 8), _mm256_loadu_ps(qc + l + 8), s1);
-                    s2 = _mm256_fmadd_ps(LDH(kh + l + 16), _mm256_loadu_ps(qc + l + 16), s2);
-                    s3 = _mm256_fmadd_ps(LDH(kh + l + 24), _mm256_loadu_ps(qc + l + 24), s3);
-                }
-                s = reduce_ggml4(s0, s1, s2, s3);
+    if (blocked) {
+        max = f16 ? scores_blocked(a, g, qp, qc, tb_kq, 1, w, &jlo, &jhi)
+                  : scores_blocked(a, g, qp, qf, tb_kq, 0, w, &jlo, &jhi);
+    } else {
+        for (int64_t j = 0; j < t; j++) {
+            const int kp = a->k_pos[j];
+            if (kp < 0 || kp > qp || (a->window > 0 && qp - kp >= a->window)) {
+                w[j] = -INFINITY;
+                continue;
             }
-        } else if (f16) {
-            s = tb_kq ? dot_f16_tb((int)d, (const lle_half *)kr, q16) : dot_f16_ggml((int)d, (const lle_half *)kr, q16);
-        } else {
-            s = tb_kq ? dot_f32_tb((int)d, (const float *)kr, qf) : dot_f32_ggml((int)d, (const float *)kr, qf);
+            if (j < jlo) jlo = j;
+            jhi = j;
+            const uint8_t *kr = a->k + (size_t)(j * a->ks_t + g * a->ks_h) * esz;
+            float s;
+            if (f16) {
+                s = tb_kq ? dot_f16_tb((int)d, (const lle_half *)kr, q16) : dot_f16_ggml((int)d, (const lle_half *)kr, q16);
+            } else {
+                s = tb_kq ? dot_f32_tb((int)d, (const float *)kr, qf) : dot_f32_ggml((int)d, (const float *)kr, qf);
+            }
+            if (a->softcap > 0) s = tanhf(s * inv_cap) * a->softcap;
+            w[j] = s * a->scale;
+            if (w[j] > max) max = w[j];
         }
-        if (a->softcap > 0) s = tanhf(s * inv_cap) * a->softcap;
-        w[j] = s * a->scale;
-        if (w[j] > max) max = w[j];
     }
     float *o = a->out + (i * a->n_head + h) * d;
     if (max == -INFINITY) {
@@ -228,36 +437,22 @@ static void attn_row(const lle_attn_args *a, int64_t i, int64_t h, float *scratc
      * sum over every chunk equals the sum over the chunks that hold a visible cell */
     const int64_t c0 = jlo & ~(int64_t)7, c1 = (jhi + 8) & ~(int64_t)7;
     const float inv = (float)(1.0 / softmax_exp((int)(c1 - c0), w + c0, w + c0, max));
-    /* probabilities, rounded to the cache type */
-    for (int64_t j = jlo; j <= jhi; j++) {
-        const float p = w[j] * inv;
-        w[j] = f16 ? _cvtsh_ss(_cvtss_sh(p, _MM_FROUND_TO_NEAREST_INT)) : p;
+    /* probabilities, rounded to the cache type (cells of [c0, c1) outside [jlo, jhi] stay 0) */
+    const __m256 vinv = _mm256_set1_ps(inv);
+    for (int64_t j = c0; j < c1; j += 8) {
+        const __m256 p = _mm256_mul_ps(_mm256_loadu_ps(w + j), vinv);
+        _mm256_storeu_ps(w + j, f16 ? _mm256_cvtph_ps(_mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT)) : p);
     }
     const int L = tb_kqv ? 8 : 32;
-    const int64_t dp = (d + 7) & ~(int64_t)7;
-    if (L == 8 && f16 && d % 8 == 0) {
-        /* tinyBLAS order with the 8 lane sums of each 8-value slice in registers */
-        const int64_t j0 = jlo & ~(int64_t)7;
-        for (int64_t e = 0; e < d; e += 8) {
-            __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
-            __m256 s4 = _mm256_setzero_ps(), s5 = _mm256_setzero_ps(), s6 = _mm256_setzero_ps(), s7 = _mm256_setzero_ps();
-            const uint8_t *vbase = a->v + (size_t)(g * a->vs_h + e) * esz;
-#define VLANE(L_, S_)                                                                                         \
-    if (j + L_ <= jhi && w[j + L_] != 0.0f)                                                                  \
-        S_ = _mm256_fmadd_ps(LDH((const lle_half *)(vbase + (size_t)((j + L_) * a->vs_t) * esz)),             \
-                             _mm256_broadcast_ss(w + j + L_), S_);
-            for (int64_t j = j0; j <= jhi; j += 8) {
-                /* cells before jlo hold exp(-inf) = 0: skipped like every masked cell */
-                VLANE(0, s0) VLANE(1, s1) VLANE(2, s2) VLANE(3, s3)
-                VLANE(4, s4) VLANE(5, s5) VLANE(6, s6) VLANE(7, s7)
-            }
-#undef VLANE
-            const __m256 r = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(s4, s0), _mm256_add_ps(s6, s2)),
-                                           _mm256_add_ps(_mm256_add_ps(s5, s1), _mm256_add_ps(s7, s3)));
-            _mm256_storeu_ps(o + e, r);
-        }
+    if (d % 8 == 0) {
+        /* llama.cpp's lanes are j % L: start at a multiple of L, the cells before c0 weigh 0 */
+        const int64_t jb = jlo & ~(int64_t)(L - 1);
+        for (int64_t j = jb; j < c0; j++) w[j] = 0.0f;
+        if (f16) v_sum_rows(a, g, w, jb, jhi + 1, L, 1, acc, o);
+        else v_sum_rows(a, g, w, jb, jhi + 1, L, 0, acc, o);
         return;
     }
+    const int64_t dp = (d + 7) & ~(int64_t)7;
     memset(acc, 0, (size_t)(L * dp) * sizeof(float));
     for (int64_t j = jlo; j <= jhi; j++) {
         const float p = w[j];
