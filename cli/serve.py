@@ -1,4 +1,5 @@
-"""``llmedge serve``: run the Ollama- and OpenAI-compatible REST server (uvicorn, graceful shutdown)."""
+"""``llmedge serve``: run the Ollama- and OpenAI-compatible REST server (uvicorn, graceful shutdown), with
+``--parallel`` sequence slots per model batched by the engine thread and a bounded queue behind them."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from llmedge.cli.options import BackendOpt, Threads
 def serve(
     host: Annotated[str | None, typer.Option("--host", help="Address to bind (LLMEDGE_HOST; 127.0.0.1).")] = None,
     port: Annotated[int | None, typer.Option("--port", help="Port (default 11434).")] = None,
-    parallel: Annotated[int | None, typer.Option("--parallel", help="Request slots (LLMEDGE_NUM_PARALLEL; 4).")
-                        ] = None,
+    parallel: Annotated[int | None, typer.Option("--parallel", help="Sequence slots per model, decoded together "
+                                                                    "in one batched forward "
+                                                                    "(LLMEDGE_NUM_PARALLEL; 4).")] = None,
     max_queue: Annotated[int | None, typer.Option("--max-queue", help="Waiting requests before 503 "
                                                                       "(LLMEDGE_MAX_QUEUE; 64).")] = None,
     insecure: Annotated[bool, typer.Option("--insecure", help="Allow a non-loopback bind without "
@@ -33,6 +35,10 @@ def serve(
     if not is_loopback_host(config.host) and not config.api_key and not insecure:
         raise LlmedgeError(f"refusing to listen on {config.host} without LLMEDGE_API_KEY; set a key or pass "
                            "--insecure")
+    if config.parallel < 1 or config.parallel > 256:
+        raise LlmedgeError(f"--parallel / LLMEDGE_NUM_PARALLEL must be between 1 and 256, not {config.parallel}")
+    if config.max_queue < 0:
+        raise LlmedgeError(f"--max-queue / LLMEDGE_MAX_QUEUE must not be negative, not {config.max_queue}")
     if not 0 < config.port < 65536:
         raise LlmedgeError(f"invalid port {config.port}")
     app = create_app(config)

@@ -1,12 +1,16 @@
-"""The engine: runs a model over a sequence, reusing cached prefixes, and streams sampled tokens.
+"""The engine: runs a model over one or many sequences, reusing cached prefixes, and streams sampled tokens.
 
-It owns the active sequence's KV cache and a small LRU of recent sequences' cache snapshots (within
-a byte budget) for prefix reuse, evaluates prompts in chunks of ``n_batch`` tokens, samples with a
-per-request :class:`~llmedge.sampling.Sampler`, stops on end-of-generation tokens, stop strings or
-the token budget, shifts the context when it is full (keep ``n_keep`` tokens, drop half of the rest,
-re-rotate the kept keys; or stop with ``length`` when shifting is off), saves and loads sequence
-states, and reports timings in Ollama's terms. This first cut drives one sequence at a time; the
-CLI, the API and (later) the server all go through it.
+It owns the active sequence's KV cache, the sequence slots of a server (:class:`SlotPool`: one cache
+each, allocated lazily) and a small LRU of recent sequences' cache snapshots (within a byte budget)
+for prefix reuse. A :class:`Generation` is one sequence's request as a step-by-step state machine
+(prompt still to evaluate, sampler, stream decoder, stop strings and held-back text, token budget,
+context shift, done reason, timings in Ollama's terms). :meth:`Engine.step` advances several
+generations with one batched forward (continuous batching: every decoding sequence's last token
+plus chunks of waiting prompts, each weight read once for all rows); :meth:`Engine.generate` is the
+single-sequence loop over the same machinery that the CLI and the Python API use. Prompts are
+evaluated in chunks of ``n_batch`` tokens; a full context is shifted (keep ``n_keep`` tokens, drop
+half of the rest, re-rotate the kept keys) or ends with ``length`` when shifting is off; sequence
+states can be saved and loaded.
 """
 
 from __future__ import annotations
@@ -100,6 +104,166 @@ class PrefixCache:
         self.entries.clear()
 
 
+class Generation:
+    """One request's sequence, advanced step by step by :meth:`Engine.step`.
+
+    Created by :meth:`Engine.begin`: the prompt is truncated to the context when shifting is on (keeping
+    ``n_keep`` tokens), the cache's reusable prefix is kept and the rest of the prompt waits in ``todo``.
+    Each step feeds either a chunk of ``todo`` or, once the prompt is evaluated, the last sampled token;
+    :meth:`advance` then samples from the last row's logits and returns the chunk to emit (text held
+    back while it could still grow into a stop string). ``done`` is set with ``timings.done_reason``
+    ("stop" or "length") on the last chunk, or with ``error`` when sampling failed.
+    """
+
+    def __init__(self, engine: Engine, cache: SequenceCache, ids: Sequence[int], sampler: Sampler,
+                 max_tokens: int = 128, stop: Sequence[str] = (), shift: bool = True,
+                 n_keep: int | None = None) -> None:
+        self.t0 = time.perf_counter_ns()
+        self.engine = engine
+        self.cache = cache
+        self.sampler = sampler
+        self.max_tokens = max_tokens
+        self.shift = shift
+        self.timings = Timings(load_duration=engine.load_duration)
+        ids = list(ids)
+        if n_keep is None or n_keep < 0:
+            n_keep = engine.default_keep(ids)
+        self.n_keep = min(n_keep, len(ids))
+        prompt = engine.truncate_prompt(ids, self.n_keep) if shift else ids
+        engine._check_prompt(prompt)
+        self.todo = prompt[engine.reuse_prefix(cache, prompt) :]
+        self.timings.prompt_eval_count = len(self.todo)
+        self.timings.extra["prompt_cached"] = len(prompt) - len(self.todo)
+        self.t1 = 0
+        self.decoder = engine.tokenizer.stream_decoder()
+        self.stops = [s for s in stop if s]
+        self.pending = ""
+        self.history = list(ids)
+        self.n_gen = 0
+        self.n_shifts = 0
+        self.next_token: int | None = None
+        self.done = False
+        self.error: BaseException | None = None
+
+    @property
+    def decoding(self) -> bool:
+        """True once the prompt is evaluated: each step feeds one sampled token."""
+        return not self.todo
+
+    def next_rows(self, limit: int) -> list[int]:
+        """The tokens to evaluate in the next step: a chunk of the prompt (at most ``limit``, and at
+        most ``n_batch``), or the last sampled token (after shifting a full context)."""
+        if self.todo:
+            return self.todo[: max(1, min(limit, self.engine.n_batch))]
+        assert self.next_token is not None, "a finished generation has nothing to evaluate"
+        if self.cache.offset >= self.engine.n_ctx:
+            self.engine.shift_context(self.n_keep, self.cache)
+            self.n_shifts += 1
+        return [self.next_token]
+
+    def advance(self, n_fed: int, logits: np.ndarray) -> list[Chunk]:
+        """Account for ``n_fed`` evaluated tokens whose last row gave ``logits``; sample when the prompt
+        is done. Returns the chunks to emit (none or one)."""
+        if self.todo:
+            del self.todo[:n_fed]
+            if self.todo:
+                return []
+            self.t1 = time.perf_counter_ns()
+            self.timings.prompt_eval_duration = self.t1 - self.t0
+            if self.max_tokens == 0:  # only the prompt was asked for
+                self._finish(Chunk(-1, "", "length"))
+                return []
+        token = self.sampler.sample(logits, self.history)
+        self.n_gen += 1
+        self.history.append(token)
+        tok = self.engine.tokenizer
+        if tok.is_eog(token):
+            return [self._finish(Chunk(token, self.pending + self.decoder.flush(), "stop"))]
+        self.pending += self.decoder.push(token)
+        hit = _find_stop(self.pending, self.stops)
+        if hit is not None:
+            return [self._finish(Chunk(token, self.pending[:hit], "stop"))]
+        emit = len(self.pending) - _held_back(self.pending, self.stops)
+        text, self.pending = self.pending[:emit], self.pending[emit:]
+        at_budget = self.max_tokens >= 0 and self.n_gen >= self.max_tokens
+        if at_budget or (self.cache.offset >= self.engine.n_ctx and not self.shift):
+            return [self._finish(Chunk(token, text + self.pending + self.decoder.flush(), "length"))]
+        self.next_token = token
+        return [Chunk(token, text)]
+
+    def _finish(self, chunk: Chunk) -> Chunk:
+        self.pending = ""
+        self.next_token = None
+        self.done = True
+        t = self.timings
+        t.eval_count = self.n_gen
+        t.extra["context_shifts"] = self.n_shifts
+        t2 = time.perf_counter_ns()
+        t.eval_duration = t2 - self.t1
+        t.total_duration = t2 - self.t0 + t.load_duration
+        t.done_reason = chunk.done_reason or "stop"
+        return chunk
+
+    def fail(self, error: BaseException) -> None:
+        """End this generation with ``error`` (its sampler could not go on)."""
+        self.done = True
+        self.error = error
+        self.next_token = None
+
+
+class SlotPool:
+    """A server's sequence slots for one engine: ``n`` caches (slot 0 is the engine's active sequence,
+    the others are allocated on first use), each kept after its request for prefix reuse.
+
+    :meth:`acquire` picks the free slot whose cache shares the longest prefix with the new prompt
+    (an empty or never used one on a tie, else the least recently used), so a follow-up request of a
+    conversation continues in the cells its earlier turn left."""
+
+    def __init__(self, engine: Engine, n: int) -> None:
+        self.engine = engine
+        self.caches: list[SequenceCache | None] = [None] * max(1, n)
+        self.busy = [False] * len(self.caches)
+        self.used = [0] * len(self.caches)
+        self._clock = 0
+
+    def __len__(self) -> int:
+        return len(self.caches)
+
+    @property
+    def n_busy(self) -> int:
+        return sum(self.busy)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self.caches if c is not None)
+
+    def cache(self, i: int) -> SequenceCache:
+        c = self.caches[i]
+        if c is None:
+            c = self.caches[i] = self.engine.cache if i == 0 else self.engine.new_cache()
+        return c
+
+    def acquire(self, ids: Sequence[int]) -> int | None:
+        """Claim the best free slot for a prompt ``ids``; None when every slot is busy."""
+        best, best_key = None, None
+        for i, c in enumerate(self.caches):
+            if self.busy[i]:
+                continue
+            held = c.tokens if c is not None else []
+            n = common_prefix(held, ids) if held else 0
+            key = (n, not held, -self.used[i])
+            if best_key is None or key > best_key:
+                best, best_key = i, key
+        if best is not None:
+            self.busy[best] = True
+            self._clock += 1
+            self.used[best] = self._clock
+        return best
+
+    def release(self, i: int) -> None:
+        self.busy[i] = False
+
+
 class Engine:
     """Drives one model's sequence: prefix reuse, chunked prefill, sampling, stopping, context shift,
     state files, timings."""
@@ -117,6 +281,13 @@ class Engine:
         self.last = Timings()
         self.n_evaluated = 0  # tokens run through the model by this engine (all caches), for accounting
         self.n_shifts = 0
+        self.slots: SlotPool | None = None  # a server's sequence slots (slot 0 is ``cache``)
+
+    def slot_pool(self, n: int) -> SlotPool:
+        """The server's ``n`` sequence slots (made on first use, or again when ``n`` changes while idle)."""
+        if self.slots is None or (len(self.slots) != max(1, n) and not self.slots.n_busy):
+            self.slots = SlotPool(self, n)
+        return self.slots
 
     # -- caches ----------------------------------------------------------------------------------
     def new_cache(self, n_ctx: int | None = None) -> SequenceCache:
@@ -145,6 +316,8 @@ class Engine:
             "layers_ring": sum(1 for layer in layers if layer.ring),
             "ring_cells": max((layer.capacity for layer in layers if layer.ring), default=0),
             "tokens": self.cache.offset,
+            "slots": len(self.slots) if self.slots is not None else 1,
+            "slot_bytes": self.slots.nbytes if self.slots is not None else self.cache.nbytes,
             "prefix_cache_bytes": self.prefix_cache.nbytes,
             "prefix_cache_entries": len(self.prefix_cache),
             "prefix_cache_budget": self.prefix_cache.budget_bytes,
@@ -185,41 +358,57 @@ class Engine:
         last position's logits and how many tokens were actually evaluated.
         """
         ids = list(ids)
+        self._check_prompt(ids)
+        todo = ids[self.reuse_prefix(self.cache, ids) :]
+        return self.forward(self.cache, todo)[-1], len(todo)
+
+    def _check_prompt(self, ids: Sequence[int], n_ctx: int | None = None) -> None:
+        n_ctx = n_ctx or self.n_ctx
         if len(ids) == 0:
             raise LlmedgeError("the prompt is empty")
-        if len(ids) > self.n_ctx:
-            raise LlmedgeError(f"the prompt has {len(ids)} tokens, more than the context of {self.n_ctx}")
-        limit = len(ids) - 1  # always evaluate at least the last token for its logits
-        held = self.cache.tokens
-        common = self._usable(self.cache, min(common_prefix(held, ids), limit))
+        if len(ids) > n_ctx:
+            raise LlmedgeError(f"the prompt has {len(ids)} tokens, more than the context of {n_ctx}")
+        n_vocab = self.model.params.n_vocab
+        for t in ids:
+            if not 0 <= t < n_vocab:
+                raise LlmedgeError(f"token id {t} is out of range for a vocabulary of {n_vocab}")
+
+    def reuse_prefix(self, cache: SequenceCache, ids: Sequence[int]) -> int:
+        """Prepare ``cache`` to evaluate ``ids``: keep its longest usable common prefix, or load a longer
+        one from the prefix LRU (snapshotting what ``cache`` held first when trimming loses much).
+        Returns how many leading tokens of ``ids`` the cache now holds (at most ``len(ids) - 1``: the
+        last token is always evaluated, for its logits)."""
+        limit = len(ids) - 1
+        held = cache.tokens
+        common = self._usable(cache, min(common_prefix(held, ids), limit))
         key, other = self.prefix_cache.best(ids)
         if key is not None and min(other, limit) > common:
             state = self.prefix_cache.entries[key]
             n = min(other, limit)
-            if self.cache.can_resume(state, n):
+            if cache.can_resume(state, n):
                 self.prefix_cache.pop(key)  # before stashing: the stash may evict or supersede it
-                self._stash(common)
-                self.cache.load_state(state)
+                self._stash(common, cache)
+                cache.load_state(state)
                 common = n
         if common < len(held):
-            self._stash(common)
-        if not self.cache.trim_to(common):
+            self._stash(common, cache)
+        if not cache.trim_to(common):
             common = 0
-        todo = ids[common:]
-        return self.forward(self.cache, todo)[-1], len(todo)
+        return common
 
     def _usable(self, cache: SequenceCache, n: int) -> int:
         return n if cache.can_trim_to(n) else 0
 
-    def _stash(self, keep: int) -> None:
-        """Snapshot the active sequence into the prefix LRU when trimming it to ``keep`` tokens loses much."""
-        if self.cache.offset - keep >= MIN_STASH_TOKENS and self.cache.offset >= MIN_STASH_TOKENS:
-            self.prefix_cache.add(self.cache.state())
+    def _stash(self, keep: int, cache: SequenceCache | None = None) -> None:
+        """Snapshot a sequence into the prefix LRU when trimming it to ``keep`` tokens loses much."""
+        cache = cache if cache is not None else self.cache
+        if cache.offset - keep >= MIN_STASH_TOKENS and cache.offset >= MIN_STASH_TOKENS:
+            self.prefix_cache.add(cache.state())
 
-    def shift_context(self, n_keep: int) -> int:
-        """Make room in the full active sequence: keep the first ``n_keep`` tokens, drop half of the rest,
-        move the others back (re-rotating their keys). Returns how many tokens were dropped."""
-        cache = self.cache
+    def shift_context(self, n_keep: int, cache: SequenceCache | None = None) -> int:
+        """Make room in a full sequence (default: the active one): keep the first ``n_keep`` tokens, drop
+        half of the rest, move the others back (re-rotating their keys). Returns how many were dropped."""
+        cache = cache if cache is not None else self.cache
         n = cache.offset
         n_keep = max(0, min(n_keep, n - 2))
         n_discard = max(1, (n - n_keep) // 2)
@@ -248,6 +437,56 @@ class Engine:
         return 1 if ids and bos is not None and ids[0] == bos else 0
 
     # -- generation ------------------------------------------------------------------------------
+    def begin(self, ids: Sequence[int], sampler: Sampler, max_tokens: int = 128, stop: Sequence[str] = (),
+              shift: bool = True, n_keep: int | None = None, cache: SequenceCache | None = None) -> Generation:
+        """A :class:`Generation` of ``ids`` in ``cache`` (default: the active sequence), its cached prefix
+        already reused; nothing is evaluated until :meth:`step`."""
+        return Generation(self, cache if cache is not None else self.cache, ids, sampler, max_tokens, stop,
+                          shift, n_keep)
+
+    def step(self, gens: Sequence[Generation], prompt_rows: int | None = None) -> list[list[Chunk]]:
+        """Advance every unfinished generation in ``gens`` by one step: one batched forward over each
+        decoding one's last sampled token (every weight read once for all of them), and the next prompt
+        chunk (``n_batch`` tokens or the rest) of the others, in order, while they fit in ``prompt_rows``
+        (default ``n_batch``; the first one always). Returns, per generation, the chunks it produced
+        (none while its prompt is still being evaluated, at most one otherwise). A sampling error ends
+        only its own generation (``error`` set); an error of the forward itself is raised.
+
+        Each prompt chunk is its own forward, apart from the decoding rows: the kernels a matrix product
+        picks depend on its row count, so this keeps every request's numbers what they would be alone
+        (fixed chunk boundaries; decode rows only ever batched with other decode rows)."""
+        budget = self.n_batch if prompt_rows is None else max(1, prompt_rows)
+        out: list[list[Chunk]] = [[] for _ in gens]
+        decode: list[tuple[int, Generation, list[int]]] = []
+        prompts: list[tuple[int, Generation, list[int]]] = []
+        for i, g in enumerate(gens):
+            if g.done:
+                continue
+            if g.decoding:
+                decode.append((i, g, g.next_rows(1)))
+                continue
+            n = min(len(g.todo), self.n_batch)
+            if prompts and n > budget:
+                continue
+            prompts.append((i, g, g.next_rows(n)))
+            budget -= n
+        for group in ([decode] if decode else []) + [[p] for p in prompts]:
+            batches = []
+            for _, g, rows in group:
+                pos = np.arange(g.cache.offset, g.cache.offset + len(rows), dtype=np.int64)
+                # only the last row's logits matter (and only for a prompt's last chunk: an earlier
+                # chunk's last row is cheap and keeps every batch with one output row)
+                batches.append(Batch(np.asarray(rows, dtype=np.int64), pos, g.cache, np.array([len(rows) - 1])))
+            logits = [self.model.forward(batches[0])] if len(batches) == 1 else self.model.forward_many(batches)
+            for (i, g, rows), lg in zip(group, logits):
+                g.cache.tokens.extend(int(t) for t in rows)
+                self.n_evaluated += len(rows)
+                try:
+                    out[i] = g.advance(len(rows), lg[-1])
+                except Exception as e:  # this request's sampler failed (a grammar with no way on, ...)
+                    g.fail(e)
+        return out
+
     def generate(self, ids: Sequence[int], sampler: Sampler, max_tokens: int = 128, stop: Sequence[str] = (),
                  shift: bool = True, n_keep: int | None = None) -> Iterator[Chunk]:
         """Stream tokens after the prompt ``ids``; timings land in ``self.last`` when done.
@@ -255,59 +494,13 @@ class Engine:
         A full context is shifted (``n_keep`` tokens kept, default: BOS if present) unless ``shift``
         is False, in which case generation stops with done_reason ``length``.
         """
-        t0 = time.perf_counter_ns()
-        timings = Timings(load_duration=self.load_duration)
-        self.last = timings
-        ids = list(ids)
-        if n_keep is None or n_keep < 0:
-            n_keep = self.default_keep(ids)
-        n_keep = min(n_keep, len(ids))
-        shifts0 = self.n_shifts
-        prompt = self.truncate_prompt(ids, n_keep) if shift else ids
-        logits, n_eval = self.prefill(prompt)
-        t1 = time.perf_counter_ns()
-        timings.prompt_eval_count, timings.prompt_eval_duration = n_eval, t1 - t0
-        timings.extra["prompt_cached"] = len(prompt) - n_eval
-        decoder = self.tokenizer.stream_decoder()
-        stops = [s for s in stop if s]
-        pending = ""
-        history = list(ids)
-        n_gen = 0
-        reason = "length"
-        while max_tokens < 0 or n_gen < max_tokens:
-            token = sampler.sample(logits[-1] if logits.ndim == 2 else logits, history)
-            n_gen += 1
-            history.append(token)
-            if self.tokenizer.is_eog(token):
-                reason = "stop"
-                yield Chunk(token, pending + decoder.flush(), reason)
-                pending = ""
-                break
-            pending += decoder.push(token)
-            hit = _find_stop(pending, stops)
-            if hit is not None:
-                reason = "stop"
-                yield Chunk(token, pending[:hit], reason)
-                pending = ""
-                break
-            emit = len(pending) - _held_back(pending, stops)
-            text, pending = pending[:emit], pending[emit:]
-            at_budget = max_tokens >= 0 and n_gen >= max_tokens
-            if at_budget or (self.cache.offset >= self.n_ctx and not shift):
-                reason = "length"
-                yield Chunk(token, text + pending + decoder.flush(), reason)
-                pending = ""
-                break
-            yield Chunk(token, text)
-            if self.cache.offset >= self.n_ctx:
-                self.shift_context(n_keep)
-            logits = self.forward(self.cache, [token])
-        timings.eval_count = n_gen
-        timings.extra["context_shifts"] = self.n_shifts - shifts0
-        t2 = time.perf_counter_ns()
-        timings.eval_duration = t2 - t1
-        timings.total_duration = t2 - t0 + self.load_duration
-        timings.done_reason = reason
+        gen = self.begin(ids, sampler, max_tokens, stop, shift, n_keep)
+        self.last = gen.timings
+        while not gen.done:
+            (chunks,) = self.step([gen])
+            if gen.error is not None:
+                raise gen.error
+            yield from chunks
 
     # -- state files -----------------------------------------------------------------------------
     def save_state(self, path: str | Path, model_digest: str, architecture: str,

@@ -300,3 +300,103 @@ def test_states_from_other_models_truncated_or_corrupted_are_refused(fast_models
         assert after.tokens == before.tokens
         assert all(np.array_equal(x.pos, y.pos) and np.array_equal(x.k[0], y.k[0])
                    for x, y in zip(before.layers, after.layers))
+
+
+# -- several sequences (continuous batching) --------------------------------------------------------
+def _alone(m: Model, ids: list[int], sampler: Sampler, n: int) -> tuple[list[int], dict]:
+    m.engine.cache.clear()
+    m.engine.prefix_cache.clear()
+    tokens = [c.token for c in m.engine.generate(ids, sampler, max_tokens=n)]
+    t = m.timings
+    return tokens, {"prompt": t.prompt_eval_count, "eval": t.eval_count, "shifts": t.extra["context_shifts"],
+                    "reason": t.done_reason}
+
+
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_batched_steps_give_every_sequence_the_tokens_it_gets_alone(smollm2_path, gemma3_path, name) -> None:
+    """Sequences joining at different steps, prompts longer than a chunk, greedy and seeded sampling, and
+    context shifts in a small context: each sequence's tokens and counts are those of its run alone."""
+    m = Model(smollm2_path if name == "smollm2" else gemma3_path, backend=FAST, n_ctx=64, n_batch=16)
+    e = m.engine
+    prompts = [m.prompt_ids("Tell me a long story about a dragon and a knight."), m.prompt_ids("Hi"),
+               m.tokenize("Count from 1 to 1000: 1, 2, 3, 4,", add_bos=True)]
+    options = [{"temperature": 0}, {"temperature": 0.9, "seed": 7}, {"temperature": 0}]
+    n = 70 if name == "smollm2" else 24
+    alone = [_alone(m, ids, NoEndSampler(m.tokenizer.eog_ids, **o), n) for ids, o in zip(prompts, options)]
+    e.cache.clear()
+    e.prefix_cache.clear()
+    pool = e.slot_pool(3)
+    gens, outs = [], [[], [], []]
+    for step in range(400):
+        if step in (0, 3, 5):  # the second and third join while the first decodes
+            i = len(gens)
+            slot = pool.acquire(prompts[i])
+            gens.append(e.begin(prompts[i], NoEndSampler(m.tokenizer.eog_ids, **options[i]), n,
+                                cache=pool.cache(slot)))
+        for out, chunks in zip(outs, e.step(gens)):
+            out.extend(c.token for c in chunks)
+        if len(gens) == 3 and all(g.done for g in gens):
+            break
+    assert pool.n_busy == 3 and len({id(pool.cache(i)) for i in range(3)}) == 3
+    for g, out, (want, counts) in zip(gens, outs, alone):
+        t = g.timings
+        assert out == want
+        assert {"prompt": t.prompt_eval_count, "eval": t.eval_count, "shifts": t.extra["context_shifts"],
+                "reason": t.done_reason} == counts
+    if name == "smollm2":
+        assert alone[0][1]["shifts"] >= 1  # the first sequence shifted its context while batched
+
+
+def test_a_failing_sampler_ends_only_its_own_sequence(fast_models) -> None:
+    m = fast_models["smollm2"]
+    e = m.engine
+
+    class Failing(Sampler):
+        def sample(self, logits: np.ndarray, history=()) -> int:
+            if len(history) > self.limit:
+                raise LlmedgeError("no way on")
+            return super().sample(logits, history)
+
+    bad = Failing(SamplingOptions(temperature=0))
+    ids = m.prompt_ids("Say something.")
+    bad.limit = len(ids) + 2
+    pool = e.slot_pool(2)
+    caches = [pool.cache(pool.acquire(ids)), pool.cache(pool.acquire(ids))]
+    gens = [e.begin(ids, bad, 10, cache=caches[0]),
+            e.begin(ids, NoEndSampler(m.tokenizer.eog_ids, temperature=0), 10, cache=caches[1])]
+    counts = [0, 0]
+    while not all(g.done for g in gens):
+        for i, chunks in enumerate(e.step(gens)):
+            counts[i] += len(chunks)
+    assert isinstance(gens[0].error, LlmedgeError) and counts[0] == 3
+    assert gens[1].error is None and counts[1] == 10 and gens[1].timings.done_reason == "length"
+    with pytest.raises(LlmedgeError, match="no way on"):
+        bad.limit = len(ids)
+        list(e.generate(ids, bad, 10))
+
+
+def test_slot_pool_picks_the_free_slot_sharing_the_longest_prefix() -> None:
+    from types import SimpleNamespace
+
+    from llmedge.engine import SlotPool
+
+    made = []
+
+    def new_cache() -> SimpleNamespace:
+        made.append(SimpleNamespace(tokens=[]))
+        return made[-1]
+
+    pool = SlotPool(SimpleNamespace(cache=SimpleNamespace(tokens=[]), new_cache=new_cache), 3)
+    assert not made  # caches come on first use
+    a = pool.acquire([1, 2, 3])
+    pool.cache(a).tokens[:] = [1, 2, 3, 4]
+    b = pool.acquire([7, 8])
+    pool.cache(b).tokens[:] = [7, 8, 9]
+    assert a != b and pool.n_busy == 2 and len(made) == (1 if 0 in (a, b) else 2)
+    pool.release(a)
+    pool.release(b)
+    assert pool.acquire([7, 8, 10]) == b  # the longest common prefix wins
+    c = pool.acquire([5])  # no prefix anywhere: the never used slot before a's content
+    assert c not in (a, b)
+    assert pool.acquire([1, 2]) == a
+    assert pool.acquire([1]) is None and pool.n_busy == 3

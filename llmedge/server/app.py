@@ -1,4 +1,4 @@
-"""The Starlette application: Ollama's and OpenAI's routes, the job hand-off to the engine worker,
+"""The Starlette application: Ollama's and OpenAI's routes, the job hand-off to the engine thread,
 NDJSON and SSE streaming, and error rendering (a 4xx in the route's API shape for anything a client
 can get wrong; no request produces a 500 or stops the server)."""
 
@@ -33,6 +33,7 @@ from llmedge.server.scheduler import (
     DEFAULT_MAX_CTX,
     DEFAULT_NUM_CTX,
     Cancelled,
+    GenRequest,
     Job,
     Loaded,
     Scheduler,
@@ -50,6 +51,7 @@ from llmedge.server.security import (
 )
 
 FOREVER = "2318-11-26T00:00:00.000000000Z"  # what /api/ps shows for a model kept loaded forever
+DISCONNECT_POLL = 0.25  # seconds between checks that a waiting client is still connected
 
 
 @dataclass
@@ -89,42 +91,44 @@ class GenSpec:
     collect_ids: bool = False
 
 
-def generation_work(spec: GenSpec, stats: dict[str, int]) -> Callable[[Job, Loaded | None], dict[str, Any]]:
-    def work(job: Job, loaded: Loaded | None) -> dict[str, Any]:
-        assert loaded is not None
-        model = loaded.model
-        ids = spec.build_ids(model)
-        ids_in_range(ids, model.params.n_vocab)
-        base = {"load_duration": job.load_duration, "prompt_eval_count": 0, "prompt_eval_duration": 0,
+class GenerationTask:
+    """A generation request for the engine thread (:class:`~llmedge.server.scheduler.GenTask`): the
+    prompt ids, sampler and options once the model is loaded, then the result dict the routes render."""
+
+    def __init__(self, spec: GenSpec, stats: dict[str, int]) -> None:
+        self.spec = spec
+        self.stats = stats
+
+    def _base(self, job: Job, model: Any, ids: list[int]) -> dict[str, Any]:
+        return {"load_duration": job.load_duration, "prompt_eval_count": 0, "prompt_eval_duration": 0,
                 "eval_count": 0, "eval_duration": 0, "n_prompt": len(ids), "ids": ids, "records": [],
                 "piece": model.tokenizer.token_to_piece}
+
+    def prepare(self, job: Job, loaded: Loaded) -> GenRequest | dict[str, Any]:
+        spec, model = self.spec, loaded.model
+        ids = spec.build_ids(model)
+        ids_in_range(ids, model.params.n_vocab)
         if not ids:
             reason = "unload" if job.keep_alive == 0 else "load"
-            return {**base, "done_reason": reason, "total_duration": time.perf_counter_ns() - job.t_arrival}
+            return {**self._base(job, model, ids), "done_reason": reason,
+                    "total_duration": time.perf_counter_ns() - job.t_arrival}
         sampler = RequestSampler(SamplingOptions(**spec.sampling), model.tokenizer, spec.grammar,
                                  spec.logprobs, spec.top_logprobs)
         n_keep = spec.num_keep
         if n_keep is None and spec.keep_from is not None:
             n_keep = model.system_keep(spec.keep_from, ids)
         max_tokens = spec.max_tokens if spec.max_tokens is not None and spec.max_tokens >= 0 else model.n_ctx
-        gen = model.engine.generate(ids, sampler, max_tokens, spec.stop, shift=True, n_keep=n_keep)
-        out_ids: list[int] = []
-        try:
-            for chunk in gen:
-                job.check()
-                out_ids.append(chunk.token)
-                if chunk.text:
-                    job.emit(chunk.text)
-        finally:
-            gen.close()
-        t = model.timings
-        count_tokens(stats, t.prompt_eval_count, t.eval_count, t.prompt_eval_duration, t.eval_duration)
-        return {**base, "done_reason": t.done_reason or "stop", "prompt_eval_count": t.prompt_eval_count,
-                "prompt_eval_duration": t.prompt_eval_duration, "eval_count": t.eval_count,
-                "eval_duration": t.eval_duration, "total_duration": time.perf_counter_ns() - job.t_arrival,
-                "out_ids": out_ids, "records": sampler.records}
+        return GenRequest(ids, sampler, max_tokens, spec.stop, n_keep)
 
-    return work
+    def result(self, job: Job, loaded: Loaded, request: GenRequest, gen: Any, out_ids: list[int]
+               ) -> dict[str, Any]:
+        t = gen.timings
+        count_tokens(self.stats, t.prompt_eval_count, t.eval_count, t.prompt_eval_duration, t.eval_duration)
+        return {**self._base(job, loaded.model, request.ids), "done_reason": t.done_reason or "stop",
+                "prompt_eval_count": t.prompt_eval_count, "prompt_eval_duration": t.prompt_eval_duration,
+                "eval_count": t.eval_count, "eval_duration": t.eval_duration,
+                "total_duration": time.perf_counter_ns() - job.t_arrival, "out_ids": out_ids,
+                "records": request.sampler.records}
 
 
 # -- the application -----------------------------------------------------------------------------
@@ -158,12 +162,15 @@ class Server:
         getter = asyncio.ensure_future(job.next())
         try:
             while True:
-                done, _ = await asyncio.wait({getter}, timeout=0.25)
+                done, _ = await asyncio.wait({getter}, timeout=DISCONNECT_POLL)
+                now = time.monotonic()
+                if not done or now - job.checked >= DISCONNECT_POLL:  # also while items keep coming
+                    job.checked = now
+                    if await request.is_disconnected():
+                        job.cancelled.set()
+                        raise Cancelled()
                 if done:
                     return getter.result()
-                if await request.is_disconnected():
-                    job.cancelled.set()
-                    raise Cancelled()
         finally:
             if not getter.done():
                 getter.cancel()
@@ -179,9 +186,10 @@ class Server:
             else:
                 raise payload
 
-    def submit(self, work: Callable[[Job, Loaded | None], Any], name: str | None = None,
-               path: Path | None = None, num_ctx: int | None = None, keep_alive: Any = "default") -> Job:
-        job = Job(asyncio.get_running_loop(), work, name, path, num_ctx, keep_alive)
+    def submit(self, work: Callable[[Job, Loaded | None], Any] | None = None, name: str | None = None,
+               path: Path | None = None, num_ctx: int | None = None, keep_alive: Any = "default",
+               task: GenerationTask | None = None) -> Job:
+        job = Job(asyncio.get_running_loop(), work, name, path, num_ctx, keep_alive, task=task)
         return self.sched.submit(job)
 
     def in_thread(self, work: Callable[[Job, Loaded | None], Any]) -> Job:
@@ -266,7 +274,7 @@ class Server:
 
     async def health(self, request: Request) -> Response:
         s = self.sched
-        return JSONResponse({"status": "ok", "busy": s.busy, "queue": s.queue_depth,
+        return JSONResponse({"status": "ok", "busy": s.busy, "queue": s.queue_depth, "slots": s.parallel,
                              "loaded": [m.name for m in s.ps()]})
 
     async def metrics_route(self, request: Request) -> Response:
@@ -313,7 +321,7 @@ class Server:
         spec = GenSpec(build, opts["sampling"], opts["max_tokens"], opts["stop"], opts["num_keep"],
                        grammar=grammar, logprobs=self.flag(body, "logprobs", False),
                        top_logprobs=self.top_logprobs(body))
-        job = self.submit(generation_work(spec, self.sched.stats), key, path, num_ctx, keep_alive)
+        job = self.submit(None, key, path, num_ctx, keep_alive, task=GenerationTask(spec, self.sched.stats))
 
         def item(text: str) -> dict[str, Any]:
             return {"model": name, "created_at": ol.now_rfc3339(), "response": text, "done": False}
@@ -353,7 +361,7 @@ class Server:
         spec = GenSpec(build, opts["sampling"], opts["max_tokens"], opts["stop"], opts["num_keep"],
                        keep_from=messages, grammar=grammar, logprobs=self.flag(body, "logprobs", False),
                        top_logprobs=self.top_logprobs(body))
-        job = self.submit(generation_work(spec, self.sched.stats), key, path, num_ctx, keep_alive)
+        job = self.submit(None, key, path, num_ctx, keep_alive, task=GenerationTask(spec, self.sched.stats))
 
         def item(text: str) -> dict[str, Any]:
             return {"model": name, "created_at": ol.now_rfc3339(),
@@ -639,7 +647,7 @@ class Server:
             body["stream_options"].get("include_usage"))
         spec = GenSpec(lambda model: model.template.encode(messages), p["sampling"], p["max_tokens"], p["stop"],
                        keep_from=messages, grammar=grammar, logprobs=logprobs, top_logprobs=top)
-        job = self.submit(generation_work(spec, self.sched.stats), key, path)
+        job = self.submit(None, key, path, task=GenerationTask(spec, self.sched.stats))
         cid, created = oa.new_id("chatcmpl"), int(time.time())
         if not stream:
             items, r = await self.collect(request, job)
@@ -700,7 +708,7 @@ class Server:
 
         spec = GenSpec(build, p["sampling"], p["max_tokens"], p["stop"], grammar=grammar,
                        logprobs=lp is not None, top_logprobs=top)
-        job = self.submit(generation_work(spec, self.sched.stats), key, path)
+        job = self.submit(None, key, path, task=GenerationTask(spec, self.sched.stats))
         cid, created = oa.new_id("cmpl"), int(time.time())
         prefix = prompt if echo and isinstance(prompt, str) else ""
         if not stream:

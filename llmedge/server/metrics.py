@@ -1,5 +1,5 @@
 """Server metrics in Prometheus' text exposition format: requests by route and status, tokens in and
-out, decode and prefill rates, queue depth, busy slots and loaded models."""
+out, decode and prefill rates, queue depth, busy sequence slots, batched engine steps and loaded models."""
 
 from __future__ import annotations
 
@@ -43,8 +43,12 @@ class Metrics:
             ("llmedge_prefill_tokens_per_second", "gauge", "Mean prompt evaluation rate.",
              s["prompt_tokens"] / prompt_s if prompt_s > 0 else 0.0),
             ("llmedge_queue_depth", "gauge", "Requests waiting for the engine.", scheduler.queue_depth),
-            ("llmedge_busy_slots", "gauge", "Requests being run by the engine.", scheduler.busy),
-            ("llmedge_slots", "gauge", "Admitted requests before queueing (--parallel).", scheduler.parallel),
+            ("llmedge_busy_slots", "gauge", "Sequence slots in use (and a running non-generation job).",
+             scheduler.busy),
+            ("llmedge_slots", "gauge", "Sequence slots per model (--parallel).", scheduler.parallel),
+            ("llmedge_engine_steps_total", "counter", "Batched forward steps run by the engine.", scheduler.steps),
+            ("llmedge_engine_sequence_steps_total", "counter", "Sequences advanced by those steps (the batch "
+             "sizes summed).", scheduler.sequence_steps),
             ("llmedge_rejected_total", "counter", "Requests refused with 503 (queue full).", s["rejected"]),
             ("llmedge_cancelled_total", "counter", "Jobs stopped because the client went away.",
              s["cancelled"]),

@@ -1,13 +1,20 @@
-"""Loaded models, keep-alive, the bounded request queue and the one engine worker thread.
+"""Loaded models, keep-alive, the bounded request queue and the engine thread (continuous batching).
 
-Every request that touches a model (generation, embeddings, loading, unloading) becomes a
-:class:`Job` run by a single worker thread, one job at a time: the engine drives one sequence at a
-time today, so generations are serialized in arrival order. ``parallel`` is the number of admitted
-requests beyond which further ones wait in the queue; at most ``max_queue`` wait, the next one is
-refused with 503. A job streams its items to the asyncio side through a thread-safe hand-off; a
-client that disconnects sets ``cancelled`` and the worker drops the job before its next token.
-Continuous batching (one forward over every active sequence) needs multi-sequence support in the
-engine and is not done here.
+Every request that touches a model becomes a :class:`Job` handed to one engine thread. A generation
+job carries a :class:`GenTask` (build the prompt and sampler, then the result); any other job (an
+embedding, a load) carries a plain ``work`` function that the thread runs between two steps.
+
+The thread loops: take new jobs; drop the ones whose client went away; admit waiting generation jobs
+into free sequence slots of their model (``parallel`` slots per model, each with its own KV cache,
+chosen by the longest shared prefix: :class:`~llmedge.engine.SlotPool`); run other jobs; then, per
+model with active sequences, one :meth:`~llmedge.engine.Engine.step`: one batched forward that decodes
+a token for every decoding sequence and evaluates a chunk of the waiting prompts; emit each
+sequence's text to its request's asyncio stream; free the slots of finished or cancelled requests.
+A client that disconnects sets ``cancelled``; its slot is free after the current step.
+
+At most ``parallel`` requests run; at most ``max_queue`` more wait, the next one is refused with 503.
+A model is never unloaded (keep-alive, another ``num_ctx``, the loaded-models limit) while sequences
+run on it: the job that needs it waits.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from llmedge.errors import LlmedgeError, StoreError
 from llmedge.server.security import HTTPError
@@ -29,6 +36,7 @@ from llmedge.server.security import HTTPError
 DEFAULT_KEEP_ALIVE = 300.0
 DEFAULT_NUM_CTX = 4096
 DEFAULT_MAX_CTX = 131072
+PROMPT_ROWS_WHILE_DECODING = 128  # more prompt rows in a step than the first chunk, while others decode
 
 
 class Cancelled(Exception):
@@ -37,7 +45,7 @@ class Cancelled(Exception):
 
 @dataclass
 class Loaded:
-    """A model in memory and when it expires (``None``: never)."""
+    """A model in memory, when it expires (``None``: never) and its sequence slots."""
 
     name: str
     model: Any
@@ -47,17 +55,40 @@ class Loaded:
     digest: str
     expires_at: float | None = None
     last_used: float = field(default_factory=time.time)
+    active: int = 0  # sequences running on it
+
+
+@dataclass
+class GenRequest:
+    """What a generation job runs: the prompt and the options of :meth:`Engine.begin`."""
+
+    ids: list[int]
+    sampler: Any
+    max_tokens: int
+    stop: tuple[str, ...] = ()
+    n_keep: int | None = None
+
+
+class GenTask(Protocol):
+    """A generation request's two halves around the engine: prepare (on the engine thread, with the
+    model loaded) a :class:`GenRequest` or an immediate result, and build the result once done."""
+
+    def prepare(self, job: Job, loaded: Loaded) -> GenRequest | dict[str, Any]: ...
+
+    def result(self, job: Job, loaded: Loaded, request: GenRequest, gen: Any,
+               out_ids: list[int]) -> dict[str, Any]: ...
 
 
 class Job:
-    """One unit of work for the engine worker, with a stream of ``(kind, payload)`` items back to the
+    """One unit of work for the engine thread, with a stream of ``(kind, payload)`` items back to the
     event loop: ``("item", x)`` any number of times, then ``("done", result)`` or ``("error", exc)``."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, work: Callable[[Job, Loaded | None], Any],
+    def __init__(self, loop: asyncio.AbstractEventLoop, work: Callable[[Job, Loaded | None], Any] | None,
                  name: str | None = None, path: Path | None = None, num_ctx: int | None = None,
-                 keep_alive: float | None | str = "default") -> None:
+                 keep_alive: float | None | str = "default", task: GenTask | None = None) -> None:
         self.loop = loop
         self.work = work
+        self.task = task
         self.name = name
         self.path = path
         self.num_ctx = num_ctx
@@ -65,6 +96,7 @@ class Job:
         self.cancelled = threading.Event()
         self.items: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self.t_arrival = time.perf_counter_ns()
+        self.checked = time.monotonic()  # when the route last checked that its client is connected
         self.load_duration = 0
         self.started = False
 
@@ -83,8 +115,20 @@ class Job:
             raise Cancelled()
 
 
+@dataclass
+class Active:
+    """A generation job holding a sequence slot."""
+
+    job: Job
+    loaded: Loaded
+    slot: int
+    request: GenRequest
+    gen: Any
+    out_ids: list[int] = field(default_factory=list)
+
+
 class Scheduler:
-    """Owns the loaded models and the worker thread that runs every model job in order."""
+    """Owns the loaded models and the engine thread that admits, batches and finishes every job."""
 
     def __init__(self, parallel: int = 4, max_queue: int = 64, keep_alive: float | None = DEFAULT_KEEP_ALIVE,
                  num_ctx: int = DEFAULT_NUM_CTX, max_ctx: int = DEFAULT_MAX_CTX, max_loaded: int = 2,
@@ -100,9 +144,12 @@ class Scheduler:
         self.loaded: dict[str, Loaded] = {}
         self.lock = threading.Lock()
         self._jobs: queue.Queue[Job | None] = queue.Queue()
+        self._waiting: list[Job] = []  # taken from the queue, not yet admitted (engine thread only)
+        self._active: list[Active] = []  # engine thread only
         self.pending = 0  # admitted and not finished (running + queued)
-        self.busy = 0
-        self.current: Job | None = None
+        self.busy = 0  # sequences in slots, plus a running non-generation job
+        self.steps = 0  # batched forwards run
+        self.sequence_steps = 0  # sequences advanced by them (sequence_steps / steps: the mean batch)
         self.stats = {"prompt_tokens": 0, "generated_tokens": 0, "eval_ns": 0, "prompt_ns": 0,
                       "jobs": 0, "rejected": 0, "cancelled": 0}
         self._thread = threading.Thread(target=self._run, name="llmedge-engine", daemon=True)
@@ -128,11 +175,9 @@ class Scheduler:
         return job
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Cancel what is queued, let the running job see its cancellation, stop the worker."""
+        """Refuse new jobs, fail what waits, stop the running sequences, stop the engine thread."""
         with self.lock:
             self._stopping = True
-            if self.current is not None:
-                self.current.cancelled.set()
         self._jobs.put(None)
         self._thread.join(timeout)
         with self.lock:
@@ -170,6 +215,20 @@ class Scheduler:
         with self.lock:
             return sorted(self.loaded.values(), key=lambda m: -m.last_used)
 
+    def _fits(self, job: Job, cur: Loaded) -> bool:
+        want_ctx = job.num_ctx or self.num_ctx
+        return cur.path == job.path and not (job.num_ctx and cur.num_ctx != min(
+            want_ctx, cur.model.params.n_ctx_train))
+
+    def _can_ensure(self, job: Job) -> bool:
+        """Whether ``job``'s model can be made ready now without unloading one that sequences use."""
+        assert job.name is not None
+        with self.lock:
+            cur = self.loaded.get(job.name)
+            if cur is not None:
+                return self._fits(job, cur) or cur.active == 0
+            return len(self.loaded) < self.max_loaded or any(m.active == 0 for m in self.loaded.values())
+
     def _ensure(self, job: Job) -> Loaded:
         from llmedge.api import Model
 
@@ -177,14 +236,13 @@ class Scheduler:
         want_ctx = job.num_ctx or self.num_ctx
         with self.lock:
             cur = self.loaded.get(job.name)
-        if cur is not None and (cur.path != job.path or (job.num_ctx and cur.num_ctx != min(
-                want_ctx, cur.model.params.n_ctx_train))):
+        if cur is not None and not self._fits(job, cur):
             self._unload(job.name)
             cur = None
         if cur is None:
             while len(self.loaded) >= self.max_loaded:
-                lru = min(self.loaded.values(), key=lambda m: m.last_used)
-                self._unload(lru.name)
+                idle = [m for m in self.loaded.values() if m.active == 0] or list(self.loaded.values())
+                self._unload(min(idle, key=lambda m: m.last_used).name)
             t0 = time.perf_counter_ns()
             model = Model(job.path, backend=self.backend, n_ctx=want_ctx, n_threads=self.n_threads,
                           name=job.name)
@@ -203,7 +261,8 @@ class Scheduler:
     def _expire(self) -> None:
         now = time.time()
         with self.lock:
-            for name in [n for n, m in self.loaded.items() if m.expires_at is not None and m.expires_at <= now]:
+            for name in [n for n, m in self.loaded.items()
+                         if m.expires_at is not None and m.expires_at <= now and m.active == 0]:
                 del self.loaded[name]
 
     def _set_expiry(self, loaded: Loaded, keep_alive: float | None | str) -> None:
@@ -211,61 +270,186 @@ class Scheduler:
         if ka is None:
             loaded.expires_at = None
         elif ka <= 0:
-            self._unload(loaded.name)
+            loaded.expires_at = time.time()  # unloaded now, or once its other sequences end
+            if loaded.active == 0:
+                self._unload(loaded.name)
         else:
             loaded.expires_at = time.time() + float(ka)
 
-    # -- the worker ------------------------------------------------------------------------------
+    # -- the engine thread -----------------------------------------------------------------------
     def _run(self) -> None:
+        last_expire = time.monotonic()
         while True:
+            idle = not self._active and not self._waiting
             try:
-                job = self._jobs.get(timeout=0.5)
+                job = self._jobs.get(timeout=0.5) if idle else self._jobs.get_nowait()
+                while True:
+                    if job is None:
+                        self._shutdown()
+                        return
+                    self._waiting.append(job)
+                    job = self._jobs.get_nowait()
             except queue.Empty:
+                pass
+            try:
+                self._admit()
+                if not self._active and self._waiting:
+                    time.sleep(0.01)  # nothing runs and nothing can start yet (cannot last: see _admit)
+                self._step()
+            except Exception as e:  # a failure of the engine itself: fail the running requests, go on
+                for a in list(self._active):
+                    a.gen.cache.clear()  # its cells may be half written: no later request reuses them
+                    self._finish(a, e)
+            now = time.monotonic()
+            if idle or now - last_expire > 0.5:
                 self._expire()
-                continue
-            if job is None:
-                self._drain()
-                return
-            self._run_job(job)
-            self._expire()
+                last_expire = now
 
-    def _run_job(self, job: Job) -> None:
+    def _admit(self) -> None:
+        """Start what can start, in arrival order: a cancelled job ends; a generation job takes a free
+        slot of its model; any other job runs now (between two steps)."""
+        keep: list[Job] = []
+        blocked: set[str] = set()  # models with an earlier job still waiting: later ones keep their turn
+        for job in self._waiting:
+            if job.cancelled.is_set():
+                self._end(job, ("error", Cancelled()), cancelled=True)
+            elif self._stopping:
+                self._end(job, ("error", HTTPError(503, "the server is shutting down")))
+            elif job.name is not None and (job.name in blocked or not self._can_ensure(job)):
+                keep.append(job)
+                blocked.add(job.name)
+            elif job.task is not None:
+                if not self._start(job):
+                    keep.append(job)
+                    blocked.add(job.name or "")
+            else:
+                self._run_work(job)
+        self._waiting = keep
+
+    def _start(self, job: Job) -> bool:
+        """Admit a generation job into a slot; False when its model's slots are all busy."""
+        assert job.task is not None
+        with self.lock:
+            cur = self.loaded.get(job.name or "")
+        if cur is not None and self._fits(job, cur) and cur.model.engine.slot_pool(self.parallel).n_busy >= \
+                self.parallel:
+            return False
+        try:
+            loaded = self._ensure(job)
+            job.started = True
+            request = job.task.prepare(job, loaded)
+            if isinstance(request, dict):
+                self._set_expiry(loaded, job.keep_alive)
+                self._end(job, ("done", request))
+                return True
+            engine = loaded.model.engine
+            pool = engine.slot_pool(self.parallel)
+            slot = pool.acquire(request.ids)
+            if slot is None:
+                return False
+            try:
+                gen = engine.begin(request.ids, request.sampler, request.max_tokens, request.stop, shift=True,
+                                   n_keep=request.n_keep, cache=pool.cache(slot))
+            except BaseException:
+                pool.release(slot)
+                raise
+        except Exception as e:  # handed to the route, which renders it as a 4xx or 500 error shape
+            self._end(job, ("error", e))
+            return True
+        loaded.active += 1
+        self._active.append(Active(job, loaded, slot, request, gen))
         with self.lock:
             self.busy += 1
-            self.current = job
+        return True
+
+    def _run_work(self, job: Job) -> None:
+        assert job.work is not None
+        with self.lock:
+            self.busy += 1
         try:
-            if self._stopping:
-                raise HTTPError(503, "the server is shutting down")
-            job.check()
             loaded = self._ensure(job) if job.name is not None else None
             job.started = True
             result = job.work(job, loaded)
             if loaded is not None:
                 loaded.last_used = time.time()
                 self._set_expiry(loaded, job.keep_alive)
-            self.stats["jobs"] += 1
-            job._put(("done", result))
+            self._end(job, ("done", result))
         except Cancelled as e:
-            self.stats["cancelled"] += 1
-            job._put(("error", e))
-        except Exception as e:  # handed to the route, which renders it as a 4xx or 500 error shape
-            job._put(("error", e))
+            self._end(job, ("error", e), cancelled=True)
+        except Exception as e:
+            self._end(job, ("error", e))
         finally:
             with self.lock:
-                self.current = None
                 self.busy -= 1
-                self.pending -= 1
 
-    def _drain(self) -> None:
+    def _step(self) -> None:
+        """Per model, one batched forward over its active sequences; then emit, finish and free."""
+        for a in [a for a in self._active if a.job.cancelled.is_set()]:
+            self._finish(a, Cancelled())
+        by_model: dict[int, list[Active]] = {}
+        for a in self._active:
+            by_model.setdefault(id(a.loaded), []).append(a)
+        for group in by_model.values():
+            engine = group[0].loaded.model.engine
+            decoding = any(a.gen.decoding for a in group)
+            rows = min(engine.n_batch, PROMPT_ROWS_WHILE_DECODING) if decoding else engine.n_batch
+            outs = engine.step([a.gen for a in group], rows)
+            self.steps += 1
+            self.sequence_steps += len(group)
+            for a, chunks in zip(group, outs):
+                for chunk in chunks:
+                    a.out_ids.append(chunk.token)
+                    if chunk.text:
+                        a.job.emit(chunk.text)
+                if a.gen.error is not None:
+                    self._finish(a, a.gen.error)
+                elif a.gen.done:
+                    self._finish(a, None)
+
+    def _finish(self, a: Active, error: BaseException | None) -> None:
+        """Free ``a``'s slot and hand its result (or ``error``) to the route."""
+        if a not in self._active:
+            return
+        self._active.remove(a)
+        a.loaded.model.engine.slot_pool(self.parallel).release(a.slot)
+        a.loaded.active -= 1
+        a.loaded.last_used = time.time()
+        with self.lock:
+            self.busy -= 1
+        if error is None:
+            assert a.job.task is not None
+            try:
+                result = a.job.task.result(a.job, a.loaded, a.request, a.gen, a.out_ids)
+            except Exception as e:
+                error = e
+            else:
+                self._set_expiry(a.loaded, a.job.keep_alive)
+                self._end(a.job, ("done", result))
+                return
+        self._end(a.job, ("error", error), cancelled=isinstance(error, Cancelled))
+
+    def _end(self, job: Job, pair: tuple[str, Any], cancelled: bool = False) -> None:
+        if cancelled:
+            self.stats["cancelled"] += 1
+        elif pair[0] == "done":
+            self.stats["jobs"] += 1
+        job._put(pair)
+        with self.lock:
+            self.pending -= 1
+
+    def _shutdown(self) -> None:
+        for a in list(self._active):
+            self._finish(a, Cancelled())
+        for job in self._waiting:
+            self._end(job, ("error", HTTPError(503, "the server is shutting down")))
+        self._waiting = []
         while True:
             try:
                 job = self._jobs.get_nowait()
             except queue.Empty:
                 return
             if job is not None:
-                job._put(("error", HTTPError(503, "the server is shutting down")))
-                with self.lock:
-                    self.pending -= 1
+                self._end(job, ("error", HTTPError(503, "the server is shutting down")))
 
 
 def _short_digest(path: Path) -> str:
