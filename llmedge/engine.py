@@ -142,6 +142,7 @@ class Generation:
         self.n_gen = 0
         self.n_shifts = 0
         self.next_token: int | None = None
+        self.forced: list[int] = []  # tokens a grammar forced after next_token, evaluated with it
         self.done = False
         self.error: BaseException | None = None
 
@@ -159,11 +160,12 @@ class Generation:
         if self.cache.offset >= self.engine.n_ctx:
             self.engine.shift_context(self.n_keep, self.cache)
             self.n_shifts += 1
-        return [self.next_token]
+        return [self.next_token, *self.forced]
 
     def advance(self, n_fed: int, logits: np.ndarray) -> list[Chunk]:
         """Account for ``n_fed`` evaluated tokens whose last row gave ``logits``; sample when the prompt
-        is done. Returns the chunks to emit (none or one)."""
+        is done, then take the tokens the sampler's grammar forces (if it offers ``forced``). Returns the
+        chunks to emit (none while the prompt is evaluated, one per generated token otherwise)."""
         if self.todo:
             del self.todo[:n_fed]
             if self.todo:
@@ -174,22 +176,40 @@ class Generation:
                 self._finish(Chunk(-1, "", "length"))
                 return []
         token = self.sampler.sample(logits, self.history)
+        tokens = [token]
+        forced = getattr(self.sampler, "forced", None)  # a grammar's forced tokens: one forward for all
+        if forced is not None:
+            room = self.engine.n_ctx - self.cache.offset - 1
+            left = self.max_tokens - self.n_gen - 1 if self.max_tokens >= 0 else room
+            tokens += forced(max(0, min(room, left)))
+        chunks = []
+        for i, token in enumerate(tokens):
+            chunk = self._take(token, last=i == len(tokens) - 1)
+            chunks.append(chunk)
+            if self.done:
+                break
+        self.next_token, self.forced = (tokens[0], tokens[1:]) if not self.done else (None, [])
+        return chunks
+
+    def _take(self, token: int, last: bool) -> Chunk:
+        """Account for one generated token; the chunk to emit (the last one when it ends the sequence)."""
         self.n_gen += 1
         self.history.append(token)
         tok = self.engine.tokenizer
         if tok.is_eog(token):
-            return [self._finish(Chunk(token, self.pending + self.decoder.flush(), "stop"))]
+            return self._finish(Chunk(token, self.pending + self.decoder.flush(), "stop"))
         self.pending += self.decoder.push(token)
         hit = _find_stop(self.pending, self.stops)
         if hit is not None:
-            return [self._finish(Chunk(token, self.pending[:hit], "stop"))]
+            return self._finish(Chunk(token, self.pending[:hit], "stop"))
+        if last and getattr(self.sampler, "finished", False):  # a complete grammar allows only the end
+            return self._finish(Chunk(token, self.pending + self.decoder.flush(), "stop"))
         emit = len(self.pending) - _held_back(self.pending, self.stops)
         text, self.pending = self.pending[:emit], self.pending[emit:]
         at_budget = self.max_tokens >= 0 and self.n_gen >= self.max_tokens
         if at_budget or (self.cache.offset >= self.engine.n_ctx and not self.shift):
-            return [self._finish(Chunk(token, text + self.pending + self.decoder.flush(), "length"))]
-        self.next_token = token
-        return [Chunk(token, text)]
+            return self._finish(Chunk(token, text + self.pending + self.decoder.flush(), "length"))
+        return Chunk(token, text)
 
     def _finish(self, chunk: Chunk) -> Chunk:
         self.pending = ""
