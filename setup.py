@@ -1,7 +1,7 @@
 """Adds the optional cffi extension ``llmedge._native`` to the build configured in pyproject.toml.
 
-If the C compiler is missing or the build fails, the package still installs (the pure-Python
-backends work without it) and one warning line is printed.
+If the C compiler is missing or the build fails, the package still installs (the numba backend,
+and the NumPy reference, work without it) and one warning line is printed.
 """
 
 import os
@@ -48,12 +48,12 @@ class OptionalBuildExt(build_ext):
         reason = f"{os.path.basename(m.group(1))} {m.group(2)}" if m else text
         if len(reason) > 160:
             reason = reason[:157] + "..."
-        print(f"WARNING: llmedge native kernels not built ({reason}); using the pure-Python backends")
+        print(f"WARNING: llmedge native kernels not built ({reason}); the numba backend will be used")
 
 
 _BUILDER = "native/build_native.py"
 if os.path.exists(os.path.join(os.path.dirname(os.path.abspath(__file__)), _BUILDER)):
     setup(cffi_modules=[f"{_BUILDER}:ffibuilder"], cmdclass={"build_ext": OptionalBuildExt})
 else:  # a source tree without the C sources: the pure-Python package only
-    print("WARNING: llmedge native kernels not built (native/ sources missing); using the pure-Python backends")
+    print("WARNING: llmedge native kernels not built (native/ sources missing); the numba backend will be used")
     setup()

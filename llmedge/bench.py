@@ -10,8 +10,10 @@ exactly as llama-bench computes them, the records with llama-bench's field names
 (:class:`LlamaCppRunner`, through llama-cpp-python's low-level ``llama_decode``). With several runners
 every repetition runs once per runner, alternating which goes first, with the same token ids.
 
-Besides tokens per second it reports the model load time, the time of the first forward call (kernel
-JIT compiles, first touch of the mapped weights) and the peak resident set size. The peak RSS of
+Besides tokens per second it reports the model load time, the part of it the backend spent compiling
+or loading its JIT kernels from the disk cache (``compile_ns``: the numba backend's
+``compile_seconds``; 0 for the others), the time of the first forward call (first touch of the
+mapped weights) and the peak resident set size. The peak RSS of
 one process that holds two runtimes says nothing about either, so when comparing, each runtime's
 peak is measured in a fresh child process running the same tests once (``python -m llmedge.bench
 --probe``).
@@ -56,7 +58,8 @@ LLAMA_BENCH_FIELDS = (
     "test_time", "avg_ns", "stddev_ns", "avg_ts", "stddev_ts",
 )
 # what llmedge adds after them
-EXTRA_FIELDS = ("runtime", "isa", "load_ns", "first_call_ns", "warmup_ns", "peak_rss_bytes", "ratio", "load_avg")
+EXTRA_FIELDS = ("runtime", "isa", "load_ns", "compile_ns", "first_call_ns", "warmup_ns", "peak_rss_bytes", "ratio",
+                "load_avg")
 _BOOL_FIELDS = {"cpu_strict", "no_kv_offload", "embeddings", "no_host"}
 
 # llama.cpp's llama_ftype names (llama_model_ftype_name), keyed by general.file_type
@@ -205,6 +208,7 @@ class RuntimeInfo:
     isa: str = ""
     n_threads: int = 1
     load_ns: int = 0
+    compile_ns: int = 0  # JIT compile or cache load of the backend's kernels (numba), part of load_ns
     first_call_ns: int = 0
     peak_rss_bytes: int = 0
 
@@ -260,7 +264,8 @@ class BenchResult:
             "n_prompt": self.test.n_prompt, "n_gen": self.test.n_gen, "n_depth": 0,
             "test_time": self.test_time, "avg_ns": self.avg_ns, "stddev_ns": self.stddev_ns,
             "avg_ts": self.avg_ts, "stddev_ts": self.stddev_ts,
-            "runtime": i.runtime, "isa": i.isa, "load_ns": i.load_ns, "first_call_ns": i.first_call_ns,
+            "runtime": i.runtime, "isa": i.isa, "load_ns": i.load_ns, "compile_ns": i.compile_ns,
+            "first_call_ns": i.first_call_ns,
             "warmup_ns": self.warmup_ns, "peak_rss_bytes": i.peak_rss_bytes, "ratio": self.ratio,
             "load_avg": self.load_avg,
         }
@@ -375,7 +380,8 @@ class LlmedgeRunner:
             model_size=sum(int(t.n_bytes) for t in g.tensors.values()),
             model_n_params=sum(int(t.n_elements) for t in g.tensors.values()),
             build_commit=f"llmedge-{llmedge.__version__}", isa=str(getattr(be, "isa", "") or ""),
-            n_threads=int(getattr(be, "n_threads", n_threads or 0) or 0), load_ns=load_ns)
+            n_threads=int(getattr(be, "n_threads", n_threads or 0) or 0), load_ns=load_ns,
+            compile_ns=int(1e9 * float(getattr(be, "compile_seconds", 0.0) or 0.0)))
         self.cache = None
 
     def first_call(self) -> int:
@@ -757,7 +763,8 @@ def format_md(results: Sequence[BenchResult], params: BenchParams | None = None)
         i = r.info
         what = ", ".join(x for x in (i.backend if i.runtime == "llmedge" else "", i.isa, f"{i.n_threads} threads") if x)
         rss = f"{i.peak_rss_bytes / 1024 / 1024:.1f} MiB" if i.peak_rss_bytes else "not measured"
-        lines.append(f"{i.runtime} ({what}): load {i.load_ns / 1e6:.1f} ms, first call {i.first_call_ns / 1e6:.1f} ms, "
+        jit = f" (of which kernel compile/cache load {i.compile_ns / 1e6:.1f} ms)" if i.compile_ns else ""
+        lines.append(f"{i.runtime} ({what}): load {i.load_ns / 1e6:.1f} ms{jit}, first call {i.first_call_ns / 1e6:.1f} ms, "
                      f"peak RSS {rss}")
     loads = [r.load_avg for r in results if r.load_avg is not None]
     if loads:

@@ -1,15 +1,18 @@
-"""Compute backends and how one is chosen: ``native`` (C SIMD via cffi), ``numpy`` (the reference).
+"""Compute backends and how one is chosen: ``native`` (C SIMD via cffi), ``numba`` (JIT-compiled
+kernels, the portable fast path), ``numpy`` (the reference).
 
-``auto`` (the default, or ``$LLMEDGE_BACKEND``) picks the fastest available one and records why.
+``auto`` (the default, or ``$LLMEDGE_BACKEND``) picks native, then numba, then numpy, and records
+why in the reason string that ``llmedge show`` prints.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
 from llmedge.errors import LlmedgeError
 
-BACKENDS = ("native", "numpy")
+BACKENDS = ("native", "numba", "numpy")
 
 
 def native_status() -> tuple[bool, str]:
@@ -23,6 +26,16 @@ def native_status() -> tuple[bool, str]:
     return True, "native kernels built for this CPU"
 
 
+@functools.lru_cache(maxsize=1)
+def numba_status() -> tuple[bool, str]:
+    """Whether the numba backend can run here (``import numba`` works), and if not, why."""
+    try:
+        import numba
+    except Exception as e:  # ImportError, or llvmlite failing to load
+        return False, f"numba is not importable ({type(e).__name__}: {e})"
+    return True, f"numba {numba.__version__} JIT"
+
+
 def choose_backend(name: str | None = "auto") -> tuple[str, str]:
     """Resolve ``name`` ('auto', None, or a backend) to a backend name and the reason for it."""
     name = (name or "auto").lower()
@@ -31,23 +44,38 @@ def choose_backend(name: str | None = "auto") -> tuple[str, str]:
         if env and env != "auto":
             return choose_backend(env)[0], f"chosen by LLMEDGE_BACKEND={env}"
         ok, why = native_status()
-        return ("native", why) if ok else ("numpy", f"numpy reference: {why}")
+        if ok:
+            return "native", why
+        nb_ok, nb_why = numba_status()
+        if nb_ok:
+            return "numba", f"{why}; {nb_why}"
+        return "numpy", f"numpy reference: {why}; {nb_why}"
     if name not in BACKENDS:
         raise LlmedgeError(f"unknown backend '{name}' (choose from auto, {', '.join(BACKENDS)})")
     if name == "native":
         ok, why = native_status()
         if not ok:
             raise LlmedgeError(f"the native backend is unavailable: {why}")
+    if name == "numba":
+        ok, why = numba_status()
+        if not ok:
+            raise LlmedgeError(f"the numba backend is unavailable: {why}")
     return name, "requested"
 
 
 def make_backend(name: str | None = "auto", n_threads: int | None = None):
-    """An instance of the chosen backend."""
+    """An instance of the chosen backend (the numba one with its kernels compiled or loaded)."""
     chosen, _ = choose_backend(name)
     if chosen == "native":
         from llmedge.backends.native import NativeBackend
 
         return NativeBackend(n_threads)
+    if chosen == "numba":
+        from llmedge.backends.numba_cpu import NumbaBackend
+
+        backend = NumbaBackend(n_threads)
+        backend.warmup()
+        return backend
     from llmedge.backends.numpy_ref import NumpyBackend
 
     return NumpyBackend(n_threads)
