@@ -755,17 +755,17 @@ def format_md(results: Sequence[BenchResult], params: BenchParams | None = None)
                                   (a.test.name, 15), (f"{a.avg_ts:.2f} ± {a.stddev_ts:.2f}", 20),
                                   (f"{b.avg_ts:.2f} ± {b.stddev_ts:.2f}", 20), (f"{a.ratio:.2f}x", 7)]))
     lines.append("")
-    seen: set[int] = set()
+    seen: set[str] = set()
     for r in results:
-        if id(r.info) in seen:
-            continue
-        seen.add(id(r.info))
         i = r.info
         what = ", ".join(x for x in (i.backend if i.runtime == "llmedge" else "", i.isa, f"{i.n_threads} threads") if x)
         rss = f"{i.peak_rss_bytes / 1024 / 1024:.1f} MiB" if i.peak_rss_bytes else "not measured"
         jit = f" (of which kernel compile/cache load {i.compile_ns / 1e6:.1f} ms)" if i.compile_ns else ""
-        lines.append(f"{i.runtime} ({what}): load {i.load_ns / 1e6:.1f} ms{jit}, first call {i.first_call_ns / 1e6:.1f} ms, "
-                     f"peak RSS {rss}")
+        line = (f"{i.runtime} ({what}): load {i.load_ns / 1e6:.1f} ms{jit}, first call {i.first_call_ns / 1e6:.1f} ms, "
+                f"peak RSS {rss}")
+        if line not in seen:  # one line per runner (several tests share one)
+            seen.add(line)
+            lines.append(line)
     loads = [r.load_avg for r in results if r.load_avg is not None]
     if loads:
         lines.append(f"system load average (1 min) during the tests: {min(loads):.2f} to {max(loads):.2f}")
