@@ -15,4 +15,4 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 python3 -m venv .venv
 .venv/bin/pip install -q -e '.[test]'
-exec .venv/bin/python -m pytest -q "$@"
+exec .venv/bin/python -m pytest -q --durations=15 "$@"
