@@ -5,8 +5,9 @@ float64 NumPy products, the NumPy reference backend, llama.cpp's own op outputs 
 ``native_ggml_ops.json``) and, where it is built, the native backend. Dequantization must match bit
 for bit; products must match the float64 product of the dequantized operands up to float32
 rounding and the unquantized product within llama.cpp test-quantize-fns' bounds; on x86 with AVX2
-the kernels that follow ggml's AVX2 order (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, and Q4_K/Q5_K/Q6_K below
-8 rows) and every float op reproduce llama.cpp bit for bit.
+the kernels that follow ggml's AVX2 order (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q5_K/Q6_K below 8 rows, and
+Q4_K in every llama.cpp order: vec_dot, repacked GEMV/GEMM, tiled) and every float op reproduce
+llama.cpp bit for bit.
 
 The kernels compile on first use and are cached on disk (``$NUMBA_CACHE_DIR``, else
 ``<user cache>/llmedge/numba``): the first run on a machine (or from a new checkout path) spends
@@ -209,7 +210,11 @@ def test_batched_rows_equal_single_rows_and_thread_counts(be: NumbaBackend) -> N
         x = rng.standard_normal((9, k)).astype(np.float32)
         batched = be.matmul(x, w)
         single = np.concatenate([be.matmul(x[i : i + 1], w) for i in range(9)])
-        assert np.array_equal(batched, single), t.name
+        if t == T.Q4_K:  # llama.cpp sums Q4_K prompts of 8 rows and more in its tiled order
+            assert not np.array_equal(batched, single) or not BITWISE_HERE, t.name
+            assert np.array_equal(be.matmul(x[:7], w), single[:7]), t.name
+        else:
+            assert np.array_equal(batched, single), t.name
         one = NumbaBackend(1)
         try:
             assert np.array_equal(one.matmul(x, w), batched), t.name
@@ -273,6 +278,50 @@ def test_real_gemma3_tensors(be: NumbaBackend, gemma3_path: Path) -> None:
     found = real_tensors(gemma3_path)
     assert {T.Q5_0, T.Q4_K, T.Q6_K, T.Q8_0} <= set(found)
     check_real(be, native_or_none(), found, np.random.default_rng(12))
+
+
+# Q4_K follows llama.cpp's per-product kernel choice (lle_matmul_impl in native/api.c): with a
+# multiple of 8 weight rows the repacked GEMV order, and for prompts of more than 3 rows the repacked
+# GEMM order (with its own Q8_K scale-sign rule) on the first n - n % 4 rows; else the tiled order
+# from 8 rows and ggml's vec_dot below. The native backend reproduces llama.cpp there bit for bit.
+Q4_K_ROWS = (1, 3, 4, 5, 8, 13)
+
+
+def require_bitwise_native():
+    native = native_or_none()
+    if native is None or not BITWISE_HERE:
+        pytest.skip(f"bit-exact comparison needs the native backend and x86 AVX2 (native built: "
+                    f"{native is not None}, AVX2 with fast f16: {BITWISE_HERE})")
+    return native
+
+
+def test_q4_k_products_equal_native_on_random_weights(be: NumbaBackend) -> None:
+    native = require_bitwise_native()
+    rng = np.random.default_rng(400)
+    checked = set()
+    for m in (16, 40, 33, 7):
+        k = 512
+        raw = random_weight(T.Q4_K, m, k, rng)
+        w, wn = be.prepare(make_tensor(raw, T.Q4_K, m, k)), native.prepare(make_tensor(raw, T.Q4_K, m, k))
+        for n in Q4_K_ROWS:
+            x = rng.standard_normal((n, k)).astype(np.float32)
+            out = be.matmul(x, w)
+            assert np.array_equal(out, native.matmul(x, wn)), (m, n)
+            checked.add((m % 8 == 0, n))
+    # the vec_dot, repacked GEMV, repacked GEMM and tiled orders all ran
+    assert checked == {(r8, n) for r8 in (True, False) for n in Q4_K_ROWS}
+
+
+def test_q4_k_products_equal_native_on_gemma3_tensors(be: NumbaBackend, gemma3_path: Path) -> None:
+    native = require_bitwise_native()
+    rng = np.random.default_rng(401)
+    infos = real_tensors(gemma3_path, layers=(0, 5))[T.Q4_K]
+    assert len(infos) >= 3
+    for info in infos:
+        w, wn = be.prepare(info), native.prepare(info)
+        for n in Q4_K_ROWS:
+            x = (3 * rng.standard_normal((n, w.k))).astype(np.float32)
+            assert np.array_equal(be.matmul(x, w), native.matmul(x, wn)), (info.name, n)
 
 
 # ----------------------------------------------------------------------------- float ops
@@ -382,8 +431,9 @@ def run_ggml_case(be: NumbaBackend, case: dict) -> np.ndarray:
 
 def test_ops_reproduce_llamacpp_outputs(be: NumbaBackend) -> None:
     """llama.cpp's own outputs (x86 AVX2 build): every float op and the products of the types in
-    ggml's AVX2 order (below 8 rows; llama.cpp switches K-quants to tiled kernels from 8 rows and
-    repacks Q4_K) bit for bit; the other products within float32 rounding."""
+    ggml's AVX2 order (below 8 rows, where llama.cpp switches K-quants to tiled kernels; Q4_K in all
+    of llama.cpp's orders, repacked ones included) bit for bit; the other products within float32
+    rounding."""
     doc = json.loads(GGML_FIXTURE.read_text(encoding="utf-8"))
     n_exact = 0
     for case in doc["cases"]:
@@ -391,8 +441,7 @@ def test_ops_reproduce_llamacpp_outputs(be: NumbaBackend) -> None:
         out = run_ggml_case(be, case)
         what = f"{case['op']} {case.get('type', case.get('kind', ''))} shape {ref.shape}"
         t = T[case["type"]] if case["op"] == "mul_mat" else None
-        exact = t is None or (t in GGML_ORDER and ref.shape[0] < 8 and not (t == T.Q4_K and ref.shape[1] % 8 == 0
-                                                                            and ref.shape[1] > 12))
+        exact = t is None or (t in GGML_ORDER and (ref.shape[0] < 8 or t == T.Q4_K))
         if BITWISE_HERE and exact:
             assert np.array_equal(out.view(np.uint8), ref.view(np.uint8)), what
             n_exact += 1
@@ -455,8 +504,8 @@ def _agreed_prefix(margins: list[float], tie: float) -> int:
 
 
 # SmolLM2's products are llama.cpp's bit for bit: token for token up to the first near-tie (< 0.1),
-# as the native backend. Gemma's Q4_K/Q6_K prompt products are summed in ggml's vec_dot order where
-# llama.cpp uses its repacked and tiled kernels (a few float32 ulps apart), which decides the
+# as the native backend. Gemma's Q6_K prompt products (8 rows and more) are summed in ggml's vec_dot
+# order where llama.cpp uses its tiled kernel (a few float32 ulps apart), which decides the
 # near-tie of margin 0.13 in the "code" prompt: there, as the float reference in
 # test_conformance, tokens are compared up to the first margin below 0.75.
 GREEDY_TIE = {"smollm2": 0.1, "gemma3": 0.75}

@@ -14,8 +14,11 @@ code, so the inner work is emitted as vector IR directly). For Q4_0, Q4_1, Q5_0,
 Q5_K and Q6_K they follow ggml's AVX2 ``vec_dot`` kernels: integer products summed in 8 lanes of
 four values (``pmaddubsw``/``pmaddwd`` on x86 with AVX2, plain vector IR elsewhere), one fused
 multiply-add per lane and block, llama.cpp's final horizontal sums, so on an AVX2 CPU the decode
-products equal llama.cpp's bit for bit (prompts too, except where llama.cpp switches K-quants to
-its tiled kernels from 8 rows and Q4_K to its repacked ones). Q2_K, Q3_K, IQ4_NL and IQ4_XS are
+products equal llama.cpp's bit for bit (prompts too, except where llama.cpp switches Q5_K and Q6_K
+to its tiled kernels from 8 rows). Q4_K products take llama.cpp's kernel choice and order per
+product, as the native backend does: with a multiple of 8 weight rows its repacked GEMV order, and
+for prompts of more than 3 rows its repacked GEMM order (and that kernel's Q8_K sign rule) on the
+first n - n % 4 rows; else from 8 rows its tiled order. Q2_K, Q3_K, IQ4_NL and IQ4_XS are
 summed per block in ggml's generic order (a few float32 ulps from llama.cpp's SIMD kernels); F32,
 F16 and BF16 weights in double. Float ops follow llama.cpp's CPU arithmetic on an AVX2 machine as
 the native backend does, bit for bit: ggml's vectorized ``expf`` (SiLU, softmax), the fused
@@ -717,8 +720,10 @@ def _quant_q8_block(x, i, o, aq, with_sum):
 
 
 @njit
-def _quant_q8_k_block(x, i, o, aq, bs, bo):
-    """Quantize x[i, o:o+256] to Q8_K: returns d; 16 block sums into bs[i, bo:bo+16]."""
+def _quant_q8_k_block(x, i, o, aq, bs, bo, r8=False):
+    """Quantize x[i, o:o+256] to Q8_K: returns d; 16 block sums into bs[i, bo:bo+16]. ``r8``: the
+    scale's sign as llama.cpp's repacked Q4_K GEMM picks it (ggml_quantize_mat_q8_K_4x8: positive
+    when +amax occurs in the block, else negative) instead of the first value of largest magnitude."""
     amax = F32(0.0)
     mx = F32(0.0)
     for e in range(256):
@@ -726,6 +731,12 @@ def _quant_q8_k_block(x, i, o, aq, bs, bo):
         if v > amax:
             amax = v
             mx = x[i, o + e]
+    if r8:
+        mx = -amax
+        for e in range(256):
+            if x[i, o + e] == amax:
+                mx = amax
+                break
     if amax == F32(0.0):
         for e in range(256):
             aq[i, o + e] = 0
@@ -996,6 +1007,76 @@ def _row_k_fast(t, wu, wi, aq, ad, bs, nsb, scb):
     return r
 
 
+@njit
+def _q4_k_ints(wu, o, aq, ab, bs, bb, scb):
+    """Exact integer totals of one Q4_K block times Q8_K: (scale * q.a, min * bsums); scales and
+    mins left in ``scb[0:8]`` and ``scb[8:16]``."""
+    for sb in range(8):
+        sc, mn = _k_scale_min(wu, o + 4, sb)
+        scb[sb] = sc
+        scb[8 + sb] = mn
+    l0, l1, l2, l3, l4, l5, l6, l7 = _lanes_q4_k(wu, o, aq, ab, scb, 0)
+    s1 = np.int64(l0) + l1 + l2 + l3 + l4 + l5 + l6 + l7
+    s2 = np.int64(0)
+    for sb in range(8):
+        s2 += scb[8 + sb] * (np.int64(bs[bb + 2 * sb]) + bs[bb + 2 * sb + 1])
+    return s1, s2
+
+
+@njit
+def _row_q4_k_r8(wu, aq, ad, bs, nsb, scb):
+    """Q4_K in the order of llama.cpp's repacked (q4_K_8x8) GEMV: per block
+    acc += s1 * (d * d8), accm += s2 * (dmin * d8), fused; result acc - accm."""
+    acc = F32(0.0)
+    accm = F32(0.0)
+    for b in range(nsb):
+        o = b * 144
+        s1, s2 = _q4_k_ints(wu, o, aq, b * 256, bs, b * 16, scb)
+        acc = _fma(F32(s1), _hb(wu, o) * ad[b], acc)
+        accm = _fma(F32(s2), _hb(wu, o + 2) * ad[b], accm)
+    return acc - accm
+
+
+@njit
+def _row_q4_k_r8_gemm(wu, aq, ad, bs, nsb, scb):
+    """Q4_K in the order of llama.cpp's repacked GEMM (activation rows in groups of 4): the
+    fused multiply-adds of :func:`_row_q4_k_r8` once per 64-value quarter of each block."""
+    acc = F32(0.0)
+    accm = F32(0.0)
+    for b in range(nsb):
+        o = b * 144
+        ab = b * 256
+        bb = b * 16
+        for sb in range(8):
+            sc, mn = _k_scale_min(wu, o + 4, sb)
+            scb[sb] = sc
+            scb[8 + sb] = mn
+        dd = _hb(wu, o) * ad[b]
+        dm = _hb(wu, o + 2) * ad[b]
+        for j in range(4):
+            lo = _dot_f1_32(wu, o + 16 + j * 32, 0, 15, 0, 0, 0, 0, aq, ab + 64 * j)
+            hi = _dot_f1_32(wu, o + 16 + j * 32, 4, 15, 0, 0, 0, 0, aq, ab + 64 * j + 32)
+            s1 = scb[2 * j] * np.int64(lo) + scb[2 * j + 1] * np.int64(hi)
+            s2 = (scb[8 + 2 * j] * (np.int64(bs[bb + 4 * j]) + bs[bb + 4 * j + 1])
+                  + scb[9 + 2 * j] * (np.int64(bs[bb + 4 * j + 2]) + bs[bb + 4 * j + 3]))
+            acc = _fma(F32(s1), dd, acc)
+            accm = _fma(F32(s2), dm, accm)
+    return acc - accm
+
+
+@njit
+def _row_q4_k_tiled(wu, aq, ad, bs, nsb, scb):
+    """Q4_K in the order of llama.cpp's tiled K-quant GEMM (8 or more rows, weights not repacked):
+    r = d * s1 - dmin * s2 (fused), buf += r * d8 (fused)."""
+    buf = F32(0.0)
+    for b in range(nsb):
+        o = b * 144
+        s1, s2 = _q4_k_ints(wu, o, aq, b * 256, bs, b * 16, scb)
+        r = _fma(-_hb(wu, o + 2), F32(s2), _hb(wu, o) * F32(s1))
+        buf = _fma(r, ad[b], buf)
+    return buf
+
+
 # ---------------------------------------------------------------------------------------------
 # matrix products: x [n, k] float32 times weight rows [m, row bytes] -> out [n, m]
 
@@ -1131,6 +1212,49 @@ def _mm_q8_k(x, wu, wi, t, out):
                     out[i, j] = _row_k_fast(t, wr, wir, aq[i], ad[i], bs[i], nsb, scb)
                 else:
                     out[i, j] = _row_q8_k_family(t, wr, wir, aq[i], ad[i], bs[i], nsb)
+
+
+@njit(parallel=True, cache=True)
+def _mm_q4_k(x, wu, wi, out):
+    """Q4_K with llama.cpp's choice of kernel per product (as ``lle_matmul_impl`` makes it): with a
+    multiple of 8 weight rows the repacked order, its GEMM (and its activation quantizer) for the
+    first n - n % 4 rows when n > 3 and its GEMV for the rest; else from 8 rows the tiled order;
+    else ggml's AVX2 vec_dot."""
+    n, k = x.shape
+    m = wu.shape[0]
+    nsb = k // 256
+    aq = np.empty((n, k), np.int8)
+    ad = np.empty((n, nsb), np.float32)
+    bs = np.empty((n, k // 16), np.int32)
+    r8 = m % 8 == 0
+    n_head = n - n % 4 if r8 and n > 3 else 0
+    mode = 1 if r8 else (2 if n >= 8 else 0)
+    if n >= 8:
+        for i in prange(n):
+            for b in range(nsb):
+                ad[i, b] = _quant_q8_k_block(x, i, b * 256, aq, bs, b * 16, i < n_head)
+    else:
+        for i in range(n):
+            for b in range(nsb):
+                ad[i, b] = _quant_q8_k_block(x, i, b * 256, aq, bs, b * 16, i < n_head)
+    nc = min(m, 128)
+    for c in prange(nc):
+        scb = np.empty(16, np.int32)
+        for j in range(c * m // nc, (c + 1) * m // nc):
+            wr = wu[j]
+            wir = wi[j]
+            for i in range(n):
+                if mode == 1:
+                    if i < n_head:
+                        out[i, j] = _row_q4_k_r8_gemm(wr, aq[i], ad[i], bs[i], nsb, scb)
+                    else:
+                        out[i, j] = _row_q4_k_r8(wr, aq[i], ad[i], bs[i], nsb, scb)
+                elif mode == 2:
+                    out[i, j] = _row_q4_k_tiled(wr, aq[i], ad[i], bs[i], nsb, scb)
+                elif FAST_ROWS:
+                    out[i, j] = _row_k_fast(TQ4_K, wr, wir, aq[i], ad[i], bs[i], nsb, scb)
+                else:
+                    out[i, j] = _row_q8_k_family(TQ4_K, wr, wir, aq[i], ad[i], bs[i], nsb)
 
 
 @njit(parallel=True, cache=True)
@@ -1761,6 +1885,8 @@ class NumbaBackend:
             _mm_q8_0(x2, w.u8, w.i8, t, o2)
         elif t in _Q8_1_FAMILY:
             _mm_q8_1(x2, w.u8, t, o2)
+        elif t == TQ4_K:
+            _mm_q4_k(x2, w.u8, w.i8, o2)
         elif t in _Q8_K_FAMILY:
             _mm_q8_k(x2, w.u8, w.i8, t, o2)
         elif t == TF32:
