@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import skip_or_fail
 from llmedge.backends.native import NativeBackend, NativeWeight
 from llmedge.gguf import GGUFFile, TensorInfo
 from llmedge.quant import GGMLQuantizationType as T
@@ -297,9 +298,10 @@ def test_batched_rows_equal_single_rows_bitwise(be: NativeBackend, isa: str, t: 
         NativeBackend(2)
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX-only")
 def test_thread_pool_survives_fork(be: NativeBackend) -> None:
     """A forked child (multiprocessing, servers) gets a working pool; the parent keeps its own."""
+    if not hasattr(os, "fork"):
+        skip_or_fail("os.fork is POSIX-only")
     rng = np.random.default_rng(9)
     raw = random_weight(T.Q8_0, 4096, 256, rng)
     w = be.prepare(make_tensor(raw, T.Q8_0, 4096, 256))

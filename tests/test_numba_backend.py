@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import skip_or_fail
 from llmedge.backends import choose_backend, make_backend, native_status
 from llmedge.backends.numba_cpu import _X86_AVX2, FAST_ROWS, NumbaBackend, NumbaWeight
 from llmedge.backends.numpy_ref import NumpyBackend
@@ -290,8 +291,8 @@ Q4_K_ROWS = (1, 3, 4, 5, 8, 13)
 def require_bitwise_native():
     native = native_or_none()
     if native is None or not BITWISE_HERE:
-        pytest.skip(f"bit-exact comparison needs the native backend and x86 AVX2 (native built: "
-                    f"{native is not None}, AVX2 with fast f16: {BITWISE_HERE})")
+        skip_or_fail(f"bit-exact comparison needs the native backend and x86 AVX2 (native built: "
+                     f"{native is not None}, AVX2 with fast f16: {BITWISE_HERE})")
     return native
 
 
