@@ -13,6 +13,23 @@ import numpy as np
 from llmedge.gguf import TensorInfo
 
 GluKind = Literal["silu", "gelu"]
+F32 = np.dtype(np.float32)
+
+
+def as_f32c(a: np.ndarray) -> np.ndarray:
+    """``a`` as a C-contiguous float32 array (no copy when it already is one)."""
+    if a.dtype == F32 and a.flags.c_contiguous:
+        return a
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def out_array(out: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray:
+    """A new float32 array of ``shape``, or ``out`` after checking it can receive it."""
+    if out is None:
+        return np.empty(shape, dtype=np.float32)
+    if out.dtype != F32 or not out.flags.c_contiguous or out.shape != shape:
+        raise ValueError(f"out= must be a C-contiguous float32 array of shape {shape}")
+    return out
 
 
 class Backend(Protocol):

@@ -21,6 +21,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from llmedge.backends.base import GluKind
+from llmedge.backends.base import as_f32c as _f32c
+from llmedge.backends.base import out_array as _out
 from llmedge.backends.cpu import physical_cores
 from llmedge.errors import LlmedgeError
 from llmedge.gguf import TensorInfo
@@ -48,21 +50,6 @@ if ffi is not None:
 
 def _fptr(a: np.ndarray) -> Any:
     return _from_buffer(_FLOATS, a)
-
-
-def _f32c(a: np.ndarray) -> np.ndarray:
-    """``a`` as a C-contiguous float32 array (no copy when it already is one)."""
-    if a.dtype == _F32 and a.flags["C_CONTIGUOUS"]:
-        return a
-    return np.ascontiguousarray(a, dtype=np.float32)
-
-
-def _out(out: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray:
-    if out is None:
-        return np.empty(shape, dtype=np.float32)
-    if out.dtype != _F32 or not out.flags["C_CONTIGUOUS"] or out.shape != shape:
-        raise ValueError(f"out= must be a C-contiguous float32 array of shape {shape}")
-    return out
 
 
 def _check(rc: int, what: str) -> None:

@@ -65,6 +65,8 @@ if not numba.config.CACHE_DIR:  # numba was imported before this module set the 
     numba.config.CACHE_DIR = os.environ["NUMBA_CACHE_DIR"]
 
 from llmedge.backends.base import GluKind  # noqa: E402
+from llmedge.backends.base import as_f32c as _f32c  # noqa: E402
+from llmedge.backends.base import out_array as _out  # noqa: E402
 from llmedge.backends.cpu import physical_cores  # noqa: E402
 from llmedge.errors import LlmedgeError  # noqa: E402
 from llmedge.gguf import TensorInfo  # noqa: E402
@@ -1779,20 +1781,6 @@ _F16 = np.dtype(np.float16)
 _tls = threading.local()
 _GELU_TABLE: np.ndarray | None = None
 _EMPTY_F32 = np.zeros(1, np.float32)
-
-
-def _f32c(a: np.ndarray) -> np.ndarray:
-    if a.dtype == _F32 and a.flags.c_contiguous:
-        return a
-    return np.ascontiguousarray(a, dtype=np.float32)
-
-
-def _out(out: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray:
-    if out is None:
-        return np.empty(shape, dtype=np.float32)
-    if out.dtype != _F32 or not out.flags.c_contiguous or out.shape != shape:
-        raise ValueError(f"out= must be a C-contiguous float32 array of shape {shape}")
-    return out
 
 
 def _gelu_table() -> np.ndarray:
