@@ -1,8 +1,17 @@
-"""The NumPy reference backend: every op written plainly in float32/float64 NumPy.
+"""The NumPy reference backend: every op written plainly in NumPy.
 
 It is the correctness baseline the other backends are tested against, not a fast path. Weights are
 dequantized once, on first use, into a float32 copy that the handle keeps (a deliberate memory-for-
 simplicity trade of the reference; the native backend keeps the GGUF blocks instead).
+
+The reference gives the same float32 results on every CPU. It rounds where ggml rounds (activations
+quantized to the weight type's partner, F16 caches and probabilities, ggml's F16 GELU table), and
+in between computes in float64: every sum (matrix products, attention scores and mixes, RMS norms)
+and every transcendental (exp, tanh, sin, cos), rounded once to float32. Float32 sums through BLAS,
+and NumPy's float32 exp/sin/cos, take CPU-specific kernels (OpenBLAS picks Haswell- or SkylakeX-class
+kernels at run time, NumPy has AVX-512 SVML loops) whose rounding differs by machine; a float64
+result differs between kernels by ~1e-16 relative, which survives the rounding to float32 only when
+it lies that close to a float32 rounding boundary (about one element in 10^8, and then by one ulp).
 """
 
 from __future__ import annotations
@@ -64,8 +73,31 @@ def q8_1_product(x: np.ndarray, w: NumpyWeight) -> np.ndarray:
     blocks = quantize(x, T.Q8_1, variant="x86").reshape(n, k // 32, 36)
     xq = dequantize(blocks, T.Q8_1, x.shape)
     s16 = blocks[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
-    exact = xq.reshape(n, k // 32, 32).sum(axis=2)
-    return xq @ w.f32.T + (s16 - exact) @ w.block_mins.T
+    exact = xq.reshape(n, k // 32, 32).sum(axis=2, dtype=np.float64)
+    out = f64_product(xq, w.f32, keep_f64=True)
+    out += f64_product(s16 - exact, w.block_mins, keep_f64=True)
+    return out.astype(np.float32)
+
+
+_F64_CHUNK_ELEMENTS = 1 << 22  # weight rows converted to float64 at a time: 32 MiB
+
+
+def f64_product(a: np.ndarray, b: np.ndarray, keep_f64: bool = False) -> np.ndarray:
+    """``a @ b.T`` accumulated in float64 and rounded once to float32 (see the module docstring:
+    the same result on every CPU). ``b`` [m, k] is converted in row chunks, so a large float32
+    weight never has a whole float64 copy."""
+    a64 = np.asarray(a, dtype=np.float64)
+    m, k = b.shape
+    out = np.empty((a64.shape[0], m), dtype=np.float64 if keep_f64 else np.float32)
+    step = max(1, _F64_CHUNK_ELEMENTS // max(1, k))
+    for s in range(0, m, step):
+        out[:, s : s + step] = a64 @ b[s : s + step].astype(np.float64).T
+    return out
+
+
+def f64_op(fn, x: np.ndarray) -> np.ndarray:
+    """A transcendental ``fn`` evaluated in float64 and rounded once to float32."""
+    return fn(np.asarray(x, dtype=np.float64)).astype(np.float32)
 
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -77,12 +109,14 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
 
 def gelu_ggml(x: np.ndarray) -> np.ndarray:
     """ggml's CPU GELU: input and output pass through F16 (its lookup table), identity past +-10."""
-    x16 = x.astype(np.float16).astype(np.float32)
+    x16 = x.astype(np.float16).astype(np.float64)
     y = gelu_tanh(x16).astype(np.float16).astype(np.float32)
     return np.where(x <= -10.0, np.float32(0.0), np.where(x >= 10.0, x, y))
 
 
 def silu(x: np.ndarray) -> np.ndarray:
+    """x * sigmoid(x), in float64 when given float32 (rounded back by the caller)."""
+    x = np.asarray(x, dtype=np.float64) if np.asarray(x).dtype == np.float32 else x
     return x / (1.0 + np.exp(-x))
 
 
@@ -114,7 +148,7 @@ class NumpyBackend:
     def matmul(self, x: np.ndarray, w: NumpyWeight) -> np.ndarray:
         if w.vec_dot_type == T.Q8_1:
             return q8_1_product(x, w)
-        return round_activations(x, w.vec_dot_type) @ w.f32.T
+        return f64_product(round_activations(x, w.vec_dot_type), w.f32)
 
     def get_rows(self, w: NumpyWeight, ids: np.ndarray) -> np.ndarray:
         return w.rows(np.asarray(ids, dtype=np.int64))
@@ -126,7 +160,7 @@ class NumpyBackend:
     def rope(self, x: np.ndarray, positions: np.ndarray, n_rot: int, freq_base: float,
              freq_scale: float, neox: bool) -> np.ndarray:
         theta = rope_angles(positions, n_rot, freq_base, freq_scale)[:, None, :]
-        cos, sin = np.cos(theta), np.sin(theta)
+        cos, sin = f64_op(np.cos, theta), f64_op(np.sin, theta)
         out = x.copy()
         if neox:
             half = n_rot // 2
@@ -149,24 +183,30 @@ class NumpyBackend:
         if window is not None:
             visible &= (q_pos[:, None] - k_pos[None, :]) < window
         out = np.empty((n, n_head, v.shape[2]), dtype=np.float32)
-        kf = k.astype(np.float32)
-        vf = v.astype(np.float32)
+        kf = k.astype(np.float64)
+        vf = v.astype(np.float64)
         # ggml multiplies an F16 cache by activations rounded to F16 (its F16 vec_dot partner)
-        half = (lambda a: a.astype(np.float16).astype(np.float32)) if k.dtype == np.float16 else (lambda a: a)
+        if k.dtype == np.float16:
+            def half(a: np.ndarray) -> np.ndarray:
+                return a.astype(np.float16).astype(np.float64)
+        else:
+            def half(a: np.ndarray) -> np.ndarray:
+                return a.astype(np.float32).astype(np.float64)
         q = half(q)
         for h in range(n_kv_head):
             qh = q[:, h * group : (h + 1) * group, :].transpose(1, 0, 2)  # [group, n, d]
-            s = qh @ kf[:, h, :].T  # [group, n, t]
+            # scores and softmax in float64, rounded to float32 where ggml's softmax input is
+            s = (qh @ kf[:, h, :].T).astype(np.float32).astype(np.float64)  # [group, n, t]
             if softcap:  # llama.cpp without flash attention: cap the raw scores, then scale
-                s = np.tanh(s / softcap) * softcap
+                s = np.tanh(s / softcap).astype(np.float32).astype(np.float64) * softcap
             s = s * scale
             s = np.where(visible[None], s, -np.inf)
             s = s - s.max(axis=-1, keepdims=True)
             p = np.exp(s)
             p /= p.sum(axis=-1, keepdims=True)
-            out[:, h * group : (h + 1) * group, :] = (half(p) @ vf[:, h, :]).transpose(1, 0, 2)
+            out[:, h * group : (h + 1) * group, :] = (half(p) @ vf[:, h, :]).transpose(1, 0, 2)  # rounds to f32
         return out
 
     def glu(self, gate: np.ndarray, up: np.ndarray, kind: GluKind) -> np.ndarray:
-        act = silu(gate) if kind == "silu" else gelu_ggml(gate)
+        act = silu(gate).astype(np.float32) if kind == "silu" else gelu_ggml(gate)
         return (act * up).astype(np.float32)
