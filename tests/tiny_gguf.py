@@ -16,8 +16,9 @@ TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% en
 WORDS = ["▁hi", "▁the", "▁a", "▁sky", "▁is", "▁blue", "hi", "the"]
 
 
-def write_tiny_llama(path: Path, seed: int = 0, name: str = "tiny") -> Path:
-    """Write the tiny model to `path` (different seeds give different bytes) and return `path`."""
+def write_tiny_llama(path: Path, seed: int = 0, name: str = "tiny", template: str | None = TEMPLATE) -> Path:
+    """Write the tiny model to `path` (different seeds give different bytes; `template=None` leaves the
+    chat template out) and return `path`."""
     rng = np.random.default_rng(seed)
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)] + WORDS
     types = [2, 3, 3] + [6] * 256 + [1] * len(WORDS)
@@ -38,7 +39,8 @@ def write_tiny_llama(path: Path, seed: int = 0, name: str = "tiny") -> Path:
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_unk_token_id(0)
-    w.add_chat_template(TEMPLATE)
+    if template is not None:
+        w.add_chat_template(template)
 
     def t(name: str, *shape: int) -> None:
         w.add_tensor(name, (rng.standard_normal(shape) * 0.2).astype(np.float32))
