@@ -175,3 +175,19 @@ def test_killed_pull_resumes_and_verifies(tmp_path: Path, registry, gguf: bytes)
     assert ranges[0] is None and ranges[-1] is not None and int(ranges[-1][6:-1]) >= got
     assert store.resolve(name).read_bytes() == gguf and not partial.exists()
     assert store.config(name)["parameters"] == PARAMS
+
+
+def test_a_manifest_with_a_bad_digest_is_refused_before_any_path_is_built(tmp_path: Path, registry,
+                                                                          gguf: bytes) -> None:
+    reg = registry()
+    reg.add_model("library/tiny", "1", gguf)
+    reg.manifests["library/tiny:1"] = reg.manifests["library/tiny:1"].replace(
+        digest(gguf).encode(), b"sha256:../../../../etc/passwd")
+    store = store_at(tmp_path)
+    with pytest.raises(StoreError, match=r"^invalid digest 'sha256:\.\./\.\./"):
+        store.pull(f"{reg.host}/library/tiny:1")
+    assert not store.blobs_dir.exists() or list(store.blobs_dir.iterdir()) == []
+    for bad in ("127.0.0.1:1/../x:1", "127.0.0.1:1/library/x:../1", "evil.com/a/b/c:1"):
+        with pytest.raises(StoreError, match="invalid model name"):
+            store.pull(bad)
+    assert reg.count("/v2/") == 1
