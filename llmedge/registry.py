@@ -3,7 +3,7 @@
 GET /v2/<namespace>/<name>/manifests/<tag> gives the image manifest; the GGUF layer is fetched from
 /v2/<namespace>/<name>/blobs/<digest> (following redirects to a CDN, without passing credentials on
 to another host) with ranged requests that resume a partial file, and becomes visible only after its
-sha256 checks out (`llmedge.blobs`). The small params/system/template/license/messages layers are
+sha256 checks out (`llmedge.blobs`); a large blob comes in up to 8 byte ranges at once. The small params/system/template/license/messages layers are
 read into the model's defaults, each verified against its digest. A 401 with a Bearer challenge is
 answered with an anonymous token from the challenge's realm. https only, unless `insecure`.
 """
@@ -17,11 +17,12 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from . import __version__
+from .blobs import RangeReader, parallel_fill, sequential_fill
 from .errors import StoreError
 from .names import ModelName, parse_digest
 from .ollama_store import MAX_SMALL_LAYER, config_from_layers, model_layer
@@ -30,6 +31,7 @@ from .sources import Progress
 MANIFEST_ACCEPT = "application/vnd.docker.distribution.manifest.v2+json"
 MAX_MANIFEST = 4 << 20
 CHUNK = 1 << 20
+MAX_PARTS = 8  # parallel ranged requests per blob (of at least `Store.part_size` bytes each)
 
 
 class _Transient(StoreError):
@@ -178,37 +180,44 @@ class RegistryClient:
             raise StoreError(f"layer sha256:{hexd[:12]} from {self.name.registry} failed verification")
         return body
 
-    def fill(self, digest: str, size: int | None) -> Callable[[int, BinaryIO, Callable[[int], None]], None]:
-        """A `BlobDir.fetch` filler: ranged GETs from where the partial file ends, retried."""
+    def reader(self, digest: str) -> RangeReader:
+        """A `llmedge.blobs` range reader for one blob: ranged GETs that resume after a dropped
+        connection (up to `attempts` times in a row without progress)."""
         url = f"{self.base}/blobs/sha256:{parse_digest(digest)}"
 
-        def fill(offset: int, out: BinaryIO, report: Callable[[int], None]) -> None:
-            state = {"done": offset}
-
-            def once() -> None:
-                start = state["done"]
-                headers = {"Range": f"bytes={start}-"} if start else {}
-                with self.open(url, headers) as resp:
-                    if start and resp.status != 206:
-                        out.truncate(0)
-                        out.seek(0)
-                        state["done"] = 0
-                    try:
+        def read(start: int, end: int | None) -> Iterator[bytes]:
+            pos, failures = start, 0
+            while end is None or pos < end:
+                want = f"bytes={pos}-" + (str(end - 1) if end is not None else "")
+                headers = {"Range": want} if pos or end is not None else {}
+                try:
+                    with self.open(url, headers) as resp:
+                        skip = pos if resp.status != 206 else 0  # the server ignored the range
+                        length = resp.headers.get("Content-Length", "")
+                        stop = (pos - skip + int(length)) if length.isdigit() else None
                         while chunk := resp.read1(CHUNK):
-                            out.write(chunk)
-                            state["done"] += len(chunk)
-                            report(state["done"])
-                    except (OSError, http.client.HTTPException) as e:
-                        out.flush()
-                        raise _Transient(f"download from {self.name.registry} failed: {_reason(e)}") from None
-                out.flush()
-                if size is not None and state["done"] < size:
-                    raise _Transient(f"download from {self.name.registry} truncated at {state['done']} "
-                                     f"of {size} bytes")
+                            if skip:
+                                cut = min(skip, len(chunk))
+                                chunk, skip = chunk[cut:], skip - cut
+                            if end is not None:
+                                chunk = chunk[: end - pos]
+                            if chunk:
+                                pos += len(chunk)
+                                failures = 0
+                                yield chunk
+                            if end is not None and pos >= end:
+                                return
+                    if end is None and (stop is None or pos >= stop):
+                        return
+                    raise _Transient(f"download from {self.name.registry} ended early at byte {pos}")
+                except (_Transient, OSError, http.client.HTTPException) as e:
+                    failures += 1
+                    if failures >= self.attempts:
+                        reason = str(e) if isinstance(e, StoreError) else _reason(e)
+                        raise StoreError(f"download from {self.name.registry} failed: {reason}") from None
+                    time.sleep(self.retry_delay * (2 ** (failures - 1)))
 
-            self.retrying(once)
-
-        return fill
+        return read
 
 
 def _read_limited(resp: http.client.HTTPResponse, limit: int, url: str) -> bytes:
@@ -240,7 +249,10 @@ def pull_registry(store: Any, name: ModelName, report: Progress) -> Path:
     store._ensure_dirs()
     pulling = f"pulling {parse_digest(digest)[:12]}"
     report(pulling, digest=digest, total=size, completed=0)
-    blob = store.blobs.fetch(digest, size, client.fill(digest, size),
+    read = client.reader(digest)
+    parts = min(MAX_PARTS, size // store.part_size)
+    fill = parallel_fill(read, size, parts) if parts > 1 else sequential_fill(read, size)
+    blob = store.blobs.fetch(digest, size, fill,
                              lambda done: report(pulling, digest=digest, total=size, completed=done))
     report("verifying sha256 digest")
     report("writing manifest")

@@ -98,6 +98,7 @@ class Store:
         retry_delay: float = 1.0,
         ollama_root: Path | str | None = None,
         insecure: bool = False,
+        part_size: int = 64 << 20,
     ) -> None:
         self.root = Path(root).expanduser() if root is not None else default_root()
         self.catalog: Mapping[str, CatalogEntry] = CATALOG if catalog is None else catalog
@@ -107,6 +108,7 @@ class Store:
         self.retry_delay = retry_delay
         self.ollama_root = Path(ollama_root) if ollama_root is not None else None
         self.insecure = insecure
+        self.part_size = max(1, part_size)  # registry blobs of 2+ parts this large download in parallel
 
     digest_of = staticmethod(digest_of)
 

@@ -106,15 +106,16 @@ def _handler(reg: FakeRegistry):
                 return self._send(404, b"blob unknown")
             if reg.corrupt:
                 data = data[:-1] + bytes([data[-1] ^ 1])
-            start = 0
+            start, end = 0, len(data)
             rng = self.headers.get("Range")
-            if rng and rng.startswith("bytes=") and rng.endswith("-"):
-                start = int(rng[6:-1])
-            body = data[start:]
-            self.send_response(206 if start else 200)
+            if rng and rng.startswith("bytes="):
+                a, _, b = rng[6:].partition("-")
+                start, end = int(a), (int(b) + 1 if b else len(data))
+            body = data[start:end]
+            self.send_response(206 if rng else 200)
             self.send_header("Content-Length", str(len(body)))
-            if start:
-                self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+            if rng:
+                self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
             self.send_header("Accept-Ranges", "bytes")
             self.end_headers()
             limit = reg.drop_after
@@ -124,11 +125,14 @@ def _handler(reg: FakeRegistry):
                 self.wfile.flush()
                 self.close_connection = True
                 return
-            for i in range(0, len(body), 4096):
-                self.wfile.write(body[i:i + 4096])
-                if reg.throttle:
-                    self.wfile.flush()
-                    time.sleep(reg.throttle)
+            try:
+                for i in range(0, len(body), 4096):
+                    self.wfile.write(body[i:i + 4096])
+                    if reg.throttle:
+                        self.wfile.flush()
+                        time.sleep(reg.throttle)
+            except (BrokenPipeError, ConnectionResetError):  # the client was killed: expected
+                self.close_connection = True
 
     return Handler
 

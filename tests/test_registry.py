@@ -4,6 +4,7 @@ server killed midway, and concurrent pulls of one blob."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -191,3 +192,50 @@ def test_a_manifest_with_a_bad_digest_is_refused_before_any_path_is_built(tmp_pa
         with pytest.raises(StoreError, match="invalid model name"):
             store.pull(bad)
     assert reg.count("/v2/") == 1
+
+
+def test_parallel_ranges_assemble_the_blob_and_resume_a_dropped_range(tmp_path: Path, registry,
+                                                                      gguf: bytes) -> None:
+    reg = registry(drop_after=5000)
+    d = reg.add_model("library/tiny", "1", gguf)
+    store = Store(tmp_path / "store", catalog={}, insecure=True, part_size=16384, retry_delay=0.01)
+    assert store.pull(f"{reg.host}/library/tiny:1").read_bytes() == gguf
+    ranges = sorted(r for path, r in reg.requests if d in path)
+    starts = {int(r[6:].split("-")[0]) for r in ranges}
+    assert len(ranges) == 6 and len(starts) == 6  # 5 ranges of ~16.6 KB, one resumed after the drop
+    assert not list(store.blobs_dir.glob(".partial-*.ranges"))
+
+
+def test_killed_parallel_pull_resumes_every_range(tmp_path: Path, registry, gguf: bytes) -> None:
+    reg = registry(throttle=0.03)
+    d = reg.add_model("library/tiny", "1", gguf)
+    name = f"{reg.host}/library/tiny:1"
+    code = ("import sys; from llmedge.store import Store; "
+            "Store(sys.argv[1], catalog={}, insecure=True, part_size=16384).pull(sys.argv[2])")
+    root = tmp_path / "store"
+    proc = subprocess.Popen([sys.executable, "-c", code, str(root), name])
+    state = root / "blobs" / f".partial-sha256-{d[7:]}.ranges"
+
+    def progress() -> list[list[int]]:
+        try:
+            return json.loads(state.read_text())
+        except (OSError, ValueError):
+            return []
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (progress() and all(r[2] > 0 for r in progress())):
+        assert proc.poll() is None
+        time.sleep(0.01)
+    proc.kill()
+    proc.wait()
+    recorded = progress()
+    assert len(recorded) == 5 and sum(r[2] for r in recorded) < len(gguf)
+    n_before = len(reg.requests)
+    reg.throttle = 0
+    store = Store(root, catalog={}, insecure=True, part_size=16384)
+    assert store.list(include_ollama=False) == []
+    assert store.pull(name).read_bytes() == gguf
+    resumed = sorted(int(r[6:].split("-")[0]) for path, r in reg.requests[n_before:] if d in path)
+    want = sorted(r[0] + r[2] for r in recorded if r[2] < r[1] - r[0])
+    assert resumed == want  # every unfinished range continued where the killed pull recorded it
+    assert not state.exists()
