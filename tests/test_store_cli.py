@@ -12,6 +12,7 @@ import pytest
 from tiny_gguf import write_tiny_llama
 
 import llmedge
+from llmedge.errors import StoreError
 from llmedge.store import Store, digest_of
 
 
@@ -135,10 +136,15 @@ def test_pull_of_a_catalog_model_already_in_the_store_downloads_nothing(tmp_path
 def test_create_refuses_adapter_and_bad_names_in_one_line(populated: Path) -> None:
     (populated / "Bad").write_text("FROM ./tiny.gguf\nADAPTER ./lora.gguf\n")
     one_line_error(llmedge_cmd(populated, "create", "x", "-f", str(populated / "Bad")), "ADAPTER is not supported")
-    for bad in ("../evil", "/abs/x", "a/b/c/d", "x:..", "Bad\\name"):
-        one_line_error(llmedge_cmd(populated, "create", bad, "-f", str(populated / "Modelfile")),
-                       "invalid model name")
-        one_line_error(llmedge_cmd(populated, "cp", "tiny", bad), "invalid model name")
+    one_line_error(llmedge_cmd(populated, "create", "../evil", "-f", str(populated / "Modelfile")),
+                   "invalid model name")
+    one_line_error(llmedge_cmd(populated, "cp", "tiny", "a/b/c/d"), "invalid model name")
+    store = Store(populated / "store")
+    for bad in ("/abs/x", "x:..", "Bad\\name", "h/../x:1", "a//b"):
+        with pytest.raises(StoreError, match="invalid model name"):
+            store.create(bad, populated / "tiny.gguf")
+        with pytest.raises(StoreError, match="invalid model name"):
+            store.copy("tiny", bad)
     assert sorted(p.name for p in (populated / "store" / "manifests").iterdir()) == ["tiny"]
 
 
