@@ -38,11 +38,13 @@ def run(
     keep: Annotated[int | None, typer.Option("--keep", help="Tokens kept when the context shifts "
                                              "(default: the system prompt).")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", help="Print Ollama-style timings.")] = False,
+    insecure: Annotated[bool, typer.Option("--insecure", help="Pull from a registry over plain http.")] = False,
 ) -> None:
     """Run a model: print its answer to PROMPT, or chat when no prompt is given."""
     from llmedge.cli.progress import load_with_progress
 
-    m = load_with_progress(model, backend=backend, n_ctx=ctx, n_threads=threads, kv_type=kv_type)
+    m = load_with_progress(model, backend=backend, n_ctx=ctx, n_threads=threads, kv_type=kv_type,
+                           insecure=insecure)
     given = dict(temperature=temperature, seed=seed, top_k=top_k, top_p=top_p, min_p=min_p)
     options = {k: v for k, v in given.items() if v is not None}
     options.update(shift=not no_shift, max_tokens=-1 if num_predict is None else num_predict)

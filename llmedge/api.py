@@ -175,12 +175,12 @@ class Model:
 
 
 def load(model: str | Path, backend: str = "auto", n_ctx: int = 4096, n_threads: int | None = None,
-         kv_type: str = "f16", pull: bool = True, progress: Any = None) -> Model:
+         kv_type: str = "f16", pull: bool = True, progress: Any = None, insecure: bool = False) -> Model:
     """Load a catalog name, a store name or a path to a ``.gguf`` file (pulling a catalog name if needed)."""
     from llmedge.store import Store
 
     check_kv_type(kv_type)
-    store = Store()
+    store = Store(insecure=insecure)  # insecure: a registry may be pulled from over plain http
     path = store.resolve(str(model), pull=pull, progress=progress)
     m = Model(path, backend=backend, n_ctx=n_ctx, n_threads=n_threads, kv_type=kv_type, name=str(model))
     config = store.config(str(model))

@@ -239,3 +239,17 @@ def test_killed_parallel_pull_resumes_every_range(tmp_path: Path, registry, gguf
     want = sorted(r[0] + r[2] for r in recorded if r[2] < r[1] - r[0])
     assert resumed == want  # every unfinished range continued where the killed pull recorded it
     assert not state.exists()
+
+
+def test_run_pulls_a_registry_model_on_first_use(tmp_path: Path, registry, gguf: bytes) -> None:
+    reg = registry()
+    reg.add_model("library/tiny", "1", gguf, params=PARAMS, system="Be brief.")
+    env = {**os.environ, "LLMEDGE_MODELS": str(tmp_path / "store"), "OLLAMA_MODELS": str(tmp_path / "ollama")}
+    cmd = [sys.executable, "-m", "llmedge.cli.main", "run", f"{reg.host}/library/tiny:1", "hi"]
+    refused = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 1 and refused.stderr.count("\n") == 1 and reg.requests == []
+    first = subprocess.run([*cmd, "--insecure"], env=env, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0 and first.stdout.strip(), first.stderr
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)  # local now
+    assert again.stdout == first.stdout  # PARAMETER temperature 0 from the params layer
+    assert reg.count("/manifests/") == 1
