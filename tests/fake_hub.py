@@ -14,6 +14,7 @@ import json
 import threading
 import urllib.parse
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -21,7 +22,7 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 @dataclass
 class FakeHub:
-    repos: dict[str, dict[str, bytes]] = field(default_factory=dict)  # "org/repo" -> {path: bytes}
+    repos: dict[str, dict[str, bytes | Path]] = field(default_factory=dict)  # "org/repo" -> {path: bytes/file}
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)
     url: str = ""
 
@@ -29,13 +30,29 @@ class FakeHub:
         return sum(1 for m, p, _ in self.requests if m == "GET" and "/resolve/" in p and part in p)
 
 
-def _tree(files: dict[str, bytes]) -> list[dict[str, Any]]:
+_SHA256: dict[Path, str] = {}
+
+
+def _bytes(data: bytes | Path) -> bytes:
+    return data.read_bytes() if isinstance(data, Path) else data
+
+
+def _sha256(data: bytes | Path) -> str:
+    if isinstance(data, Path):
+        if data not in _SHA256:
+            _SHA256[data] = hashlib.sha256(data.read_bytes()).hexdigest()
+        return _SHA256[data]
+    return hashlib.sha256(data).hexdigest()
+
+
+def _tree(files: dict[str, bytes | Path]) -> list[dict[str, Any]]:
     out = []
-    for path, data in sorted(files.items()):
+    for path, value in sorted(files.items()):
+        data = _bytes(value)
         entry: dict[str, Any] = {"type": "file", "path": path, "size": len(data),
                                  "oid": hashlib.sha1(data).hexdigest()}
         if path.endswith(".gguf"):
-            entry["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
+            entry["lfs"] = {"oid": _sha256(value), "size": len(data), "pointerSize": 134}
         out.append(entry)
     return out
 
@@ -79,11 +96,12 @@ def _handler(hub: FakeHub):
                 data = repo.get("/".join(parts[5:]))
                 if data is None:
                     return self._error(404, "EntryNotFound")
-                return self._file(data, "/".join(parts[5:]).endswith(".gguf"))
+                return self._file(data, "/".join(parts[5:]).endswith(".gguf"))  # bytes or a file
             self._error(404, "RepoNotFound")
 
-        def _file(self, data: bytes, lfs: bool) -> None:
-            etag = hashlib.sha256(data).hexdigest() if lfs else hashlib.sha1(data).hexdigest()
+        def _file(self, value: bytes | Path, lfs: bool) -> None:
+            data = _bytes(value)
+            etag = _sha256(value) if lfs else hashlib.sha1(data).hexdigest()
             start = 0
             rng = self.headers.get("Range")
             if rng and rng.startswith("bytes=") and rng.endswith("-"):

@@ -120,3 +120,20 @@ def test_missing_repo_and_wrong_quant_are_one_line(tmp_path: Path, hub) -> None:
     for name, text in ((f"hf.co/{REPO}:q2_k", "no GGUF file for 'q2_k'"), ("hf.co/org/nope", "hf.co/org/nope: ")):
         p = cli(tmp_path, h.url, "pull", name)
         assert p.returncode == 1 and p.stderr.count("\n") == 1 and text in p.stderr, p.stderr
+
+
+def test_a_real_model_pulled_from_the_hub_runs(tmp_path: Path, smollm2_path: Path) -> None:
+    repo = "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF"
+    h = FakeHub(repos={repo: {"smollm2-135m-instruct-q4_1.gguf": smollm2_path, "README.md": b"hi"}})
+    server = serve(h)
+    try:
+        ok(cli(tmp_path, h.url, "pull", f"hf.co/{repo}:Q4_1"))
+        out = ok(cli(tmp_path, h.url, "run", f"hf.co/{repo}:q4_1", "Why is the sky blue?", "--temperature", "0",
+                     "--num-predict", "8"))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert out.strip() and h.gets(".gguf") == 1
+    link = next((tmp_path / "store" / "blobs").iterdir())
+    assert link.name == smollm2_path.name and link.is_symlink()
+    assert link.resolve().parent.parent.name == "models--HuggingFaceTB--SmolLM2-135M-Instruct-GGUF"
