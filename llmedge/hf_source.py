@@ -7,8 +7,8 @@ the Hub lists for it (its LFS oid), and links the cached file into llmedge's sto
 File choice: the repo's `.gguf` files (projector `mmproj` files left out); a tag ending in `.gguf`
 names a file (case-insensitive, path or base name); another tag is a quant matched as a whole word
 of the file name (`q4_k_m` matches `Model-Q4_K_M.gguf`, not `IQ4_K_M`); no tag takes the first of
-`DEFAULT_QUANTS` present, else the repo's only GGUF. Split files (`-00001-of-00003.gguf`) are refused
-with one line. A missing GGUF chat template is taken from the repo's `chat_template.jinja` or
+`DEFAULT_QUANTS` present, else the repo's only GGUF. A split model (`-00001-of-00003.gguf`) has every
+part downloaded and verified, then assembled into one GGUF in llmedge's store (`llmedge.splits`). A missing GGUF chat template is taken from the repo's `chat_template.jinja` or
 `tokenizer_config.json` when either exists. Offline, the files of the cached snapshot are listed.
 """
 
@@ -24,10 +24,10 @@ from typing import Any
 from .errors import StoreError
 from .names import ModelName
 from .sources import Progress
+from .splits import SPLIT_RE, merge_splits, split_siblings
 
 DEFAULT_QUANTS = ("q4_k_m", "q4_k_s", "q4_0", "q5_k_m", "q5_k_s", "q5_0", "q6_k", "q8_0", "q4_1", "iq4_xs",
                   "iq4_nl", "q3_k_m", "q3_k_l", "q3_k_s", "q2_k", "bf16", "f16", "f32")
-_SPLIT_RE = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 
 
 def repo_and_tag(spelled: str) -> tuple[str, str | None]:
@@ -61,11 +61,8 @@ def choose_file(files: list[str], tag: str | None, repo: str) -> str:
         shown = ", ".join(f.rsplit("/", 1)[-1] for f in ggufs[:12])
         want = f"'{tag}'" if tag else f"a default quant ({', '.join(DEFAULT_QUANTS[:4])}, ...)"
         raise StoreError(f"hf.co/{repo} has no GGUF file for {want}; it has: {shown}")
-    first = sorted(hits, key=lambda f: (len(f), f))[0]
-    if _SPLIT_RE.search(first):
-        raise StoreError(f"hf.co/{repo}: {first} is split into parts; llmedge loads single-file GGUFs only "
-                         "(merge the parts with llama-gguf-split --merge)")
-    return first
+    firsts = [f for f in hits if (m := SPLIT_RE.search(f)) is None or m.group(1) == "00001"] or hits
+    return sorted(firsts, key=lambda f: (len(f), f))[0]
 
 
 def _listing(repo: str, revision: str) -> tuple[dict[str, str | None], bool]:
@@ -166,26 +163,57 @@ def pull_hf(store: Any, spelled: str, name: ModelName, report: Progress) -> Path
     report("pulling manifest")
     files, offline = _listing(repo, revision)
     filename = choose_file(list(files), tag, repo)
-    expected = files.get(filename)
+    parts = split_siblings(filename, list(files)) or [filename]
+    paths = [_fetch_verified(repo, f, files.get(f), revision, report) for f in parts]
+    config: dict[str, Any] = {}
+    if not _gguf_has_template(paths[0]):
+        tmpl = _repo_template(repo, files, revision)
+        if tmpl:
+            config["template"] = tmpl
+    report("writing manifest")
+    store._ensure_dirs()
+    source = {"type": "huggingface", "repo": repo, "file": filename, "revision": revision, "offline": offline}
+    if len(paths) == 1:
+        got = _sha256(paths[0])
+        blob = store.blobs.link(f"sha256:{got}", paths[0])
+        source["cache_path"] = str(paths[0].resolve())
+    else:
+        blob, got = _assembled(store, name, parts, paths)
+        source["parts"] = parts
+    store.register(name.full, f"sha256:{got}", blob.stat().st_size, source, config)
+    report("success")
+    return blob
+
+
+def _fetch_verified(repo: str, filename: str, expected: str | None, revision: str, report: Progress) -> Path:
     label = f"pulling {expected[:12]}" if expected else f"pulling {filename.rsplit('/', 1)[-1]}"
     digest = f"sha256:{expected}" if expected else None
     path = _download(repo, filename, revision, report, digest, label)
     size = path.stat().st_size
     report(label, digest=digest, total=size, completed=size)
     report("verifying sha256 digest")
-    got = _sha256(path)
-    if expected and got != expected:
-        raise StoreError(f"hf.co/{repo}/{filename}: sha256 mismatch, the Hub lists {expected}, got {got}")
-    config: dict[str, Any] = {}
-    if not _gguf_has_template(path):
-        tmpl = _repo_template(repo, files, revision)
-        if tmpl:
-            config["template"] = tmpl
-    report("writing manifest")
-    store._ensure_dirs()
-    blob = store.blobs.link(f"sha256:{got}", path)
-    source = {"type": "huggingface", "repo": repo, "file": filename, "revision": revision,
-              "cache_path": str(path.resolve()), "offline": offline}
-    store.register(name.full, f"sha256:{got}", size, source, config)
-    report("success")
-    return blob
+    if expected:
+        got = _sha256(path)
+        if got != expected:
+            raise StoreError(f"hf.co/{repo}/{filename}: sha256 mismatch, the Hub lists {expected}, got {got}")
+    return path
+
+
+def _assembled(store: Any, name: ModelName, parts: list[str], paths: list[Path]) -> tuple[Path, str]:
+    """The one-file GGUF of a split model, in llmedge's blobs (reused when this name already has it)."""
+    try:
+        old = store.manifest(name.full)
+        blob = store.blob_path(old["model"]["digest"])
+        if old.get("source", {}).get("parts") == parts and blob.is_file():
+            return blob, old["model"]["digest"].split(":")[1]
+    except StoreError:
+        pass
+    tmp = store._temp_blob()
+    try:
+        merge_splits(paths, tmp)
+        got = _sha256(tmp)
+        blob = store.blob_path(f"sha256:{got}")
+        tmp.replace(blob)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return blob, got

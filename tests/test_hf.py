@@ -67,8 +67,8 @@ def test_choose_file_by_quant_filename_and_default() -> None:
     assert choose_file(["only.gguf"], None, "r") == "only.gguf"
     with pytest.raises(StoreError, match="has no GGUF file for 'q2_k'; it has: M-IQ4_K_M.gguf"):
         choose_file(fs, "q2_k", "r")
-    with pytest.raises(StoreError, match="split into parts"):
-        choose_file(["m-Q4_K_M-00001-of-00002.gguf", "m-Q4_K_M-00002-of-00002.gguf"], "q4_k_m", "r")
+    split = ["m-Q4_K_M-00002-of-00002.gguf", "m-Q4_K_M-00001-of-00002.gguf"]
+    assert choose_file(split, "q4_k_m", "r") == "m-Q4_K_M-00001-of-00002.gguf"
 
 
 def test_pull_links_from_the_hf_cache_and_second_pull_downloads_nothing(tmp_path: Path, hub, files) -> None:
@@ -137,3 +137,46 @@ def test_a_real_model_pulled_from_the_hub_runs(tmp_path: Path, smollm2_path: Pat
     link = next((tmp_path / "store" / "blobs").iterdir())
     assert link.name == smollm2_path.name and link.is_symlink()
     assert link.resolve().parent.parent.name == "models--HuggingFaceTB--SmolLM2-135M-Instruct-GGUF"
+
+
+def test_a_split_model_is_assembled_into_one_gguf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    whole = write_tiny_llama(tmp_path / "whole.gguf", seed=9)
+    write_tiny_llama(tmp_path / "m-Q8_0.gguf", seed=9, split_max_tensors=5)
+    parts = sorted(tmp_path.glob("m-Q8_0-0000?-of-00003.gguf"))
+    assert len(parts) == 3
+    h = FakeHub(repos={"org/split": {p.name: p.read_bytes() for p in parts}})
+    server = serve(h)
+    try:
+        ok(cli(tmp_path, h.url, "pull", "hf.co/org/split:q8_0"))
+        ok(cli(tmp_path, h.url, "pull", "hf.co/org/split:q8_0"))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert h.gets(".gguf") == 3
+    monkeypatch.setenv("LLMEDGE_MODELS", str(tmp_path / "store"))
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "ollama"))
+    import llmedge
+    from llmedge.gguf import GGUFFile
+    from llmedge.store import Store
+
+    merged = GGUFFile(Store().resolve("hf.co/org/split:q8_0"))
+    ref = GGUFFile(whole)
+    assert list(merged.tensors) == list(ref.tensors)
+    assert all(bytes(merged.tensor(n).data) == bytes(ref.tensor(n).data) for n in ref.tensors)
+    assert not any(k.startswith("split.") for k in merged.metadata)
+    a = [c.token for c in llmedge.load("hf.co/org/split:q8_0", backend="numpy").generate("hi", max_tokens=4,
+                                                                                     temperature=0)]
+    b = [c.token for c in llmedge.load(str(whole), backend="numpy").generate("hi", max_tokens=4, temperature=0)]
+    assert a == b
+
+
+def test_split_parts_out_of_order_or_missing_are_refused(tmp_path: Path) -> None:
+    from llmedge.splits import merge_splits, split_siblings
+
+    write_tiny_llama(tmp_path / "m.gguf", seed=9, split_max_tensors=5)
+    parts = sorted(tmp_path.glob("m-0000?-of-00003.gguf"))
+    with pytest.raises(StoreError, match=r"m-00002-of-00003.gguf is not part 1 of 3"):
+        merge_splits([parts[1], parts[0], parts[2]], tmp_path / "out.gguf")
+    with pytest.raises(StoreError, match="part m-00003-of-00003.gguf is missing"):
+        split_siblings(parts[0].name, [p.name for p in parts[:2]])
+    assert split_siblings("x.gguf", ["x.gguf"]) is None

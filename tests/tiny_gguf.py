@@ -16,14 +16,16 @@ TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% en
 WORDS = ["▁hi", "▁the", "▁a", "▁sky", "▁is", "▁blue", "hi", "the"]
 
 
-def write_tiny_llama(path: Path, seed: int = 0, name: str = "tiny", template: str | None = TEMPLATE) -> Path:
+def write_tiny_llama(path: Path, seed: int = 0, name: str = "tiny", template: str | None = TEMPLATE,
+                     split_max_tensors: int = 0) -> Path:
     """Write the tiny model to `path` (different seeds give different bytes; `template=None` leaves the
-    chat template out) and return `path`."""
+    chat template out; `split_max_tensors` writes `<stem>-0000i-of-0000n.gguf` parts instead) and return
+    `path`."""
     rng = np.random.default_rng(seed)
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)] + WORDS
     types = [2, 3, 3] + [6] * 256 + [1] * len(WORDS)
     n_vocab, n_embd, n_ff, n_head = len(tokens), 32, 64, 2
-    w = gguf.GGUFWriter(str(path), "llama")
+    w = gguf.GGUFWriter(str(path), "llama", split_max_tensors=split_max_tensors)
     w.add_name(name)
     w.add_context_length(256)
     w.add_embedding_length(n_embd)
