@@ -68,10 +68,8 @@ def run(
         return
     from llmedge.cli.chat import chat
 
-    fallback = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, num_predict=-1)
-    params = {k: fallback.get(k) if v is None else v
-              for k, v in dict(temperature=temperature, seed=seed, top_k=top_k, top_p=top_p, min_p=min_p,
-                               num_predict=num_predict).items()}
+    params = dict(temperature=temperature, seed=seed, top_k=top_k, top_p=top_p, min_p=min_p,
+                  num_predict=num_predict)  # None: the model's default, else the chat's
 
     def reload(n_ctx: int):
         return load_with_progress(model, backend=backend, n_ctx=n_ctx, n_threads=threads, kv_type=kv_type)

@@ -154,3 +154,19 @@ def test_create_from_a_store_name_layers_new_defaults(populated: Path) -> None:
     cfg = Store(populated / "store").config("child")
     assert cfg["system"] == "be brief" and cfg["parameters"]["top_k"] == 5
     assert cfg["parameters"]["temperature"] == 0.0 and cfg["messages"][0]["content"] == "hi"
+
+
+def test_chat_starts_with_the_modelfile_system_messages_and_parameters(populated: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from rich.console import Console
+
+    from llmedge.cli.chat import ChatSession
+
+    monkeypatch.setenv("LLMEDGE_MODELS", str(populated / "store"))
+    m = llmedge.load("tiny", backend="numpy")
+    s = ChatSession(m, Console(file=io.StringIO()), params={"temperature": None, "top_k": 7})
+    assert s.system == "You are\nterse." and [x["role"] for x in s.messages] == ["user", "assistant"]
+    assert s.params["temperature"] == 0 and s.params["num_predict"] == 3 and s.params["top_k"] == 7
+    assert s.params["stop"] == ["<|user|>", "###"]
