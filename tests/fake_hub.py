@@ -25,6 +25,7 @@ class FakeHub:
     repos: dict[str, dict[str, bytes | Path]] = field(default_factory=dict)  # "org/repo" -> {path: bytes/file}
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)
     url: str = ""
+    token: str | None = None  # when set, every route needs "Authorization: Bearer <token>" (a gated repo)
 
     def gets(self, part: str) -> int:
         return sum(1 for m, p, _ in self.requests if m == "GET" and "/resolve/" in p and part in p)
@@ -77,6 +78,8 @@ def _handler(hub: FakeHub):
 
         def _route(self) -> None:
             hub.requests.append((self.command, self.path, self.headers.get("Range")))
+            if hub.token is not None and self.headers.get("Authorization") != f"Bearer {hub.token}":
+                return self._error(401, "GatedRepo")
             path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
             parts = path.split("/")
             if path.startswith("/api/models/") and len(parts) >= 7 and parts[5] == "tree":

@@ -180,3 +180,19 @@ def test_split_parts_out_of_order_or_missing_are_refused(tmp_path: Path) -> None
     with pytest.raises(StoreError, match="part m-00003-of-00003.gguf is missing"):
         split_siblings(parts[0].name, [p.name for p in parts[:2]])
     assert split_siblings("x.gguf", ["x.gguf"]) is None
+
+
+def test_hf_token_and_hub_cache_are_honoured(tmp_path: Path, files) -> None:
+    h = FakeHub(repos={REPO: {"tiny-Q8_0.gguf": files["tiny-Q8_0.gguf"]}}, token="hf_secret")
+    server = serve(h)
+    try:
+        denied = cli(tmp_path, h.url, "pull", f"hf.co/{REPO}")
+        assert denied.returncode == 1 and denied.stderr.count("\n") == 1, denied.stderr
+        cache = tmp_path / "elsewhere"
+        ok(cli(tmp_path, h.url, "pull", f"hf.co/{REPO}", HF_TOKEN="hf_secret", HF_HUB_CACHE=str(cache)))
+    finally:
+        server.shutdown()
+        server.server_close()
+    blob = next((cache / "models--Org--Tiny-GGUF" / "blobs").iterdir())
+    assert blob.read_bytes() == files["tiny-Q8_0.gguf"]  # no Q4_K_M in this repo: the next default
+    assert next((tmp_path / "store" / "blobs").iterdir()).resolve() == blob.resolve()
