@@ -84,6 +84,8 @@ def test_pull_links_from_the_hf_cache_and_second_pull_downloads_nothing(tmp_path
     ok(cli(tmp_path, h.url, "pull", f"huggingface.co/{REPO}:Q4_K_M"))
     ok(cli(tmp_path, h.url, "pull", f"hf://{REPO}:q4_k_m"))
     assert h.gets("tiny-Q4_K_M.gguf") == 1  # no second download
+    ok(cli(tmp_path, h.url, "rm", f"hf.co/{REPO}:q4_k_m"))
+    assert not link.exists() and not link.is_symlink() and hf_blobs[0].read_bytes() == files["tiny-Q4_K_M.gguf"]
 
 
 def test_run_pulls_on_first_use_and_runs_offline_from_the_cache(tmp_path: Path, hub) -> None:
