@@ -26,6 +26,7 @@ class FakeHub:
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)
     url: str = ""
     token: str | None = None  # when set, every route needs "Authorization: Bearer <token>" (a gated repo)
+    drop_after: int | None = None  # the next file GET stops after this many bytes (connection dropped)
 
     def gets(self, part: str) -> int:
         return sum(1 for m, p, _ in self.requests if m == "GET" and "/resolve/" in p and part in p)
@@ -122,6 +123,9 @@ def _handler(hub: FakeHub):
                 self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
             self.end_headers()
             if self.command == "GET":
+                if hub.drop_after is not None:
+                    body, hub.drop_after = body[: hub.drop_after], None
+                    self.close_connection = True
                 self.wfile.write(body)
 
         do_GET = _route  # noqa: N815

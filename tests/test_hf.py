@@ -198,3 +198,16 @@ def test_hf_token_and_hub_cache_are_honoured(tmp_path: Path, files) -> None:
     blob = next((cache / "models--Org--Tiny-GGUF" / "blobs").iterdir())
     assert blob.read_bytes() == files["tiny-Q8_0.gguf"]  # no Q4_K_M in this repo: the next default
     assert next((tmp_path / "store" / "blobs").iterdir()).resolve() == blob.resolve()
+
+
+def test_a_dropped_download_is_retried_and_verified(tmp_path: Path, files) -> None:
+    h = FakeHub(repos={REPO: {"tiny-Q4_K_M.gguf": files["tiny-Q4_K_M.gguf"]}}, drop_after=30000)
+    server = serve(h)
+    try:
+        first = cli(tmp_path, h.url, "pull", f"hf.co/{REPO}")  # huggingface_hub retries within the pull
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert first.returncode == 0, first.stderr
+    assert h.gets("tiny-Q4_K_M.gguf") == 2
+    assert next((tmp_path / "store" / "blobs").iterdir()).read_bytes() == files["tiny-Q4_K_M.gguf"]
