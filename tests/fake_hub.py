@@ -27,6 +27,7 @@ class FakeHub:
     url: str = ""
     token: str | None = None  # when set, every route needs "Authorization: Bearer <token>" (a gated repo)
     drop_after: int | None = None  # the next file GET stops after this many bytes (connection dropped)
+    corrupt: bool = False  # serve other bytes than the listing's sha256 (and the ETag) promise
 
     def gets(self, part: str) -> int:
         return sum(1 for m, p, _ in self.requests if m == "GET" and "/resolve/" in p and part in p)
@@ -106,6 +107,8 @@ def _handler(hub: FakeHub):
         def _file(self, value: bytes | Path, lfs: bool) -> None:
             data = _bytes(value)
             etag = _sha256(value) if lfs else hashlib.sha1(data).hexdigest()
+            if hub.corrupt:
+                data = data[:-1] + bytes([data[-1] ^ 1])
             start = 0
             rng = self.headers.get("Range")
             if rng and rng.startswith("bytes=") and rng.endswith("-"):

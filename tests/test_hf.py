@@ -211,3 +211,15 @@ def test_a_dropped_download_is_retried_and_verified(tmp_path: Path, files) -> No
     assert first.returncode == 0, first.stderr
     assert h.gets("tiny-Q4_K_M.gguf") == 2
     assert next((tmp_path / "store" / "blobs").iterdir()).read_bytes() == files["tiny-Q4_K_M.gguf"]
+
+
+def test_bytes_that_do_not_match_the_hub_sha256_are_refused(tmp_path: Path, files) -> None:
+    h = FakeHub(repos={REPO: {"tiny-Q4_K_M.gguf": files["tiny-Q4_K_M.gguf"]}}, corrupt=True)
+    server = serve(h)
+    try:
+        p = cli(tmp_path, h.url, "pull", f"hf.co/{REPO}")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert p.returncode == 1 and p.stderr.count("\n") == 1 and "sha256 mismatch" in p.stderr, p.stderr
+    assert not (tmp_path / "store" / "manifests").exists() or not any((tmp_path / "store" / "manifests").iterdir())
