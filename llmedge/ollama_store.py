@@ -129,6 +129,8 @@ class OllamaStore:
 
     def _load(self, full: str, path: Path) -> HeldModel | None:
         try:
+            if path.stat().st_size > MAX_SMALL_LAYER:
+                return None
             manifest = json.loads(path.read_text(encoding="utf-8"))
             layer = model_layer(manifest)
             blob = self._blob(layer["digest"])

@@ -238,6 +238,16 @@ def _reason(e: BaseException) -> str:
     return " ".join((str(e) or type(e).__name__).split())
 
 
+def _check_space(folder: Path, size: int, blob: Path) -> None:
+    import shutil
+
+    if blob.is_file():
+        return
+    free = shutil.disk_usage(folder).free
+    if size > free:
+        raise StoreError(f"not enough disk space for a {size} byte model in {folder} ({free} bytes free)")
+
+
 def pull_registry(store: Any, name: ModelName, report: Progress) -> Path:
     """Pull `name` from its Ollama registry into `store`; returns the GGUF blob's path."""
     client = RegistryClient(name, store.insecure, store.timeout, store.attempts, min(store.retry_delay, 0.5))
@@ -247,6 +257,7 @@ def pull_registry(store: Any, name: ModelName, report: Progress) -> Path:
     digest, size = "sha256:" + parse_digest(layer["digest"]), layer["size"]
     config = config_from_layers(manifest, client.small_blob)
     store._ensure_dirs()
+    _check_space(store.blobs_dir, size, store.blob_path(digest))
     pulling = f"pulling {parse_digest(digest)[:12]}"
     report(pulling, digest=digest, total=size, completed=0)
     read = client.reader(digest)

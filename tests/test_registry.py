@@ -253,3 +253,15 @@ def test_run_pulls_a_registry_model_on_first_use(tmp_path: Path, registry, gguf:
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)  # local now
     assert again.stdout == first.stdout  # PARAMETER temperature 0 from the params layer
     assert reg.count("/manifests/") == 1
+
+
+def test_a_manifest_announcing_more_bytes_than_the_disk_has_is_refused(tmp_path: Path, registry,
+                                                                       gguf: bytes) -> None:
+    reg = registry()
+    reg.add_model("library/tiny", "1", gguf)
+    reg.manifests["library/tiny:1"] = reg.manifests["library/tiny:1"].replace(
+        f'"size": {len(gguf)}'.encode(), b'"size": 1000000000000000000', 1)
+    store = store_at(tmp_path)
+    with pytest.raises(StoreError, match="^not enough disk space for a 1000000000000000000 byte model"):
+        store.pull(f"{reg.host}/library/tiny:1")
+    assert [p.name for p in store.blobs_dir.iterdir()] == []
