@@ -142,5 +142,5 @@ def serve(reg: FakeRegistry) -> http.server.ThreadingHTTPServer:
     server.daemon_threads = True
     reg.host = f"127.0.0.1:{server.server_address[1]}"
     reg.url = f"http://{reg.host}"
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     return server
