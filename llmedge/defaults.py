@@ -39,14 +39,14 @@ def template_choice(config: dict[str, Any], model: Any) -> tuple[Any, str]:
     if not isinstance(source, str) or not source.strip():
         return gguf, f"{gguf.name} (the GGUF's chat template)" if gguf.name == "gguf" else gguf.name
     if is_go_template(source):
-        return gguf, "gguf (the Modelfile's Go template cannot be rendered; using the GGUF's Jinja template)"
+        return gguf, "gguf (the model's Go template cannot be rendered; using the GGUF's Jinja template)"
     candidate = ChatTemplate(source, bos_token=gguf.bos_token, eos_token=gguf.eos_token,
                              tokenizer=model.tokenizer, name="modelfile")
     try:
         candidate.render([{"role": "user", "content": "hi"}])
     except LlmedgeError:
-        return gguf, "gguf (the Modelfile's template does not render; using the GGUF's Jinja template)"
-    return candidate, "modelfile (the Modelfile's Jinja template)"
+        return gguf, "gguf (the model's TEMPLATE does not render; using the GGUF's Jinja template)"
+    return candidate, "modelfile (the model's Jinja TEMPLATE)"
 
 
 def with_defaults(config: dict[str, Any], messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

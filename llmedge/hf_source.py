@@ -177,6 +177,8 @@ def pull_hf(store: Any, spelled: str, name: ModelName, report: Progress) -> Path
         got = _sha256(paths[0])
         blob = store.blobs.link(f"sha256:{got}", paths[0])
         source["cache_path"] = str(paths[0].resolve())
+    if "snapshots" in paths[0].parts[:-1]:  # <cache>/models--ORG--REPO/snapshots/<commit>/<file>
+        source["commit"] = paths[0].parts[paths[0].parts.index("snapshots") + 1]
     else:
         blob, got = _assembled(store, name, parts, paths)
         source["parts"] = parts

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fake_hub import FakeHub, serve
+from fake_hub import COMMIT, FakeHub, serve
 from tiny_gguf import write_tiny_llama
 
 from llmedge.errors import StoreError
@@ -77,6 +77,10 @@ def test_pull_links_from_the_hf_cache_and_second_pull_downloads_nothing(tmp_path
     assert "pulled hf.co/" in out and h.gets("tiny-Q4_K_M.gguf") == 1
     hf_blobs = list((tmp_path / "hf" / "hub" / "models--Org--Tiny-GGUF" / "blobs").iterdir())
     assert [p.read_bytes() for p in hf_blobs] == [files["tiny-Q4_K_M.gguf"]]
+    from llmedge.store import Store
+
+    source = Store(tmp_path / "store").manifest(f"hf.co/{REPO}:q4_k_m")["source"]
+    assert source["repo"] == REPO and source["file"] == "tiny-Q4_K_M.gguf" and source["commit"] == COMMIT
     listing = ok(cli(tmp_path, h.url, "list")).splitlines()
     assert listing[1].startswith("hf.co/org/tiny-gguf:q4_k_m")
     link = next((tmp_path / "store" / "blobs").iterdir())
