@@ -173,12 +173,12 @@ def pull_hf(store: Any, spelled: str, name: ModelName, report: Progress) -> Path
     report("writing manifest")
     store._ensure_dirs()
     source = {"type": "huggingface", "repo": repo, "file": filename, "revision": revision, "offline": offline}
+    if "snapshots" in paths[0].parts[:-1]:  # <cache>/models--ORG--REPO/snapshots/<commit>/<file>
+        source["commit"] = paths[0].parts[paths[0].parts.index("snapshots") + 1]
     if len(paths) == 1:
         got = _sha256(paths[0])
         blob = store.blobs.link(f"sha256:{got}", paths[0])
         source["cache_path"] = str(paths[0].resolve())
-    if "snapshots" in paths[0].parts[:-1]:  # <cache>/models--ORG--REPO/snapshots/<commit>/<file>
-        source["commit"] = paths[0].parts[paths[0].parts.index("snapshots") + 1]
     else:
         blob, got = _assembled(store, name, parts, paths)
         source["parts"] = parts
