@@ -461,13 +461,15 @@ class ChatSession:
         self.out = out
         self.params: dict[str, Any] = dict(DEFAULT_PARAMETERS)
         self.params["num_ctx"] = model.n_ctx
+        defaults = getattr(model, "defaults", None) or {}  # a Modelfile's / registry's defaults
+        self.params.update({k: v for k, v in (defaults.get("parameters") or {}).items() if k in self.params})
         self.user_set: set[str] = set()
         for k, v in (params or {}).items():
             if v is not None and v != self.params.get(k):
                 self.params[k] = v
                 self.user_set.add(k)
-        self.system = ""
-        self.messages: list[dict[str, str]] = []
+        self.system = str(defaults.get("system") or "")
+        self.messages: list[dict[str, str]] = [dict(m) for m in defaults.get("messages") or []]
         self.verbose = verbose
         self.reload = reload
         self.sessions = sessions

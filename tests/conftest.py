@@ -15,6 +15,12 @@ import pytest
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _no_user_ollama_store(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Keep the machine's own Ollama store (~/.ollama/models) out of every test's model lists."""
+    os.environ["OLLAMA_MODELS"] = str(tmp_path_factory.mktemp("no-ollama-store"))
+
+
 def _pull(name: str) -> Path:
     from llmedge.store import Store
 

