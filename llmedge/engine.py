@@ -350,7 +350,8 @@ class Engine:
         for t in ids:
             if not 0 <= t < n_vocab:
                 raise LlmedgeError(f"token id {t} is out of range for a vocabulary of {n_vocab}")
-        out = []
+        # every row's logits are written into one array as the chunks come (no second copy at the end)
+        out = np.empty((len(ids) if all_logits else min(len(ids), 1), n_vocab), dtype=np.float32)
         for start in range(0, len(ids), self.n_batch):
             chunk = np.asarray(ids[start : start + self.n_batch], dtype=np.int64)
             pos = np.arange(cache.offset, cache.offset + len(chunk), dtype=np.int64)
@@ -359,9 +360,11 @@ class Engine:
             logits = self.model.forward(Batch(chunk, pos, cache, rows))
             cache.tokens.extend(int(t) for t in chunk)
             self.n_evaluated += len(chunk)
-            if all_logits or last_chunk:
-                out.append(logits)
-        return np.concatenate(out, axis=0) if out else np.empty((0, n_vocab), dtype=np.float32)
+            if all_logits:
+                out[start : start + len(chunk)] = logits
+            elif last_chunk:
+                out[:] = logits
+        return out
 
     def logits(self, ids: Sequence[int]) -> np.ndarray:
         """Logits at every position of ``ids`` in a fresh context (nothing cached is reused)."""

@@ -52,3 +52,20 @@ def skip_or_fail(reason: str) -> None:
 
 def load_fixture(name: str) -> dict:
     return json.loads((FIXTURES / name).read_text(encoding="utf-8"))
+
+
+def _rss_kb() -> tuple[int, int]:
+    """(current, peak) resident set size of this process in KiB, from /proc (Linux)."""
+    fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+    return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem) -> None:
+    """With ``LLMEDGE_TEST_MEMORY=FILE``, one line per test: its id, RSS and peak RSS (KiB) after it;
+    how the suite's memory budget is checked and a test that raises the peak is found."""
+    out = os.environ.get("LLMEDGE_TEST_MEMORY")
+    if out and Path("/proc/self/status").exists():
+        rss, peak = _rss_kb()
+        with open(out, "a", encoding="utf-8") as f:
+            f.write(f"{item.nodeid}\t{rss}\t{peak}\n")

@@ -11,8 +11,10 @@ the 95th percentile.
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,13 +30,21 @@ MODELS = ["smollm2", "gemma3"]
 BACKENDS = ["native", "numba", "numpy"]
 
 
-_LOADED: dict[tuple[str, str], llmedge.Model] = {}
+# Loaded models shared by the tests below, the two most recently used kept: the reference backend
+# holds a float32 copy of every weight (1.1 GB for Gemma), so keeping all six would double the peak.
+_LOADED: OrderedDict[tuple[str, str], llmedge.Model] = OrderedDict()
+_KEEP = 2
 
 
 def _model(paths: dict[str, Path], name: str, backend: str) -> llmedge.Model:
-    if (name, backend) not in _LOADED:
-        _LOADED[name, backend] = llmedge.load(str(paths[name]), backend=backend, n_ctx=4096)
-    return _LOADED[name, backend]
+    key = (name, backend)
+    if key not in _LOADED:
+        while len(_LOADED) >= _KEEP:
+            _LOADED.popitem(last=False)
+        gc.collect()
+        _LOADED[key] = llmedge.load(str(paths[name]), backend=backend, n_ctx=4096)
+    _LOADED.move_to_end(key)
+    return _LOADED[key]
 
 
 @pytest.fixture(scope="module", params=[(m, b) for m in MODELS for b in BACKENDS], ids=lambda p: f"{p[0]}-{p[1]}")
@@ -89,11 +99,14 @@ def agreement(model: llmedge.Model, fx: dict, sure_margin: float) -> Agreement:
 # (sure margin, worst top-token excess) per backend. The native backend reproduces llama.cpp's
 # arithmetic (its kernels' rounding and summation orders) and is held to the issue's numbers; so is
 # numba, which reproduces llama.cpp's decode-order products and float ops bit for bit.
-# The NumPy reference rounds activations where ggml does but sums exactly (float64) and skips
-# llama.cpp's kernel-specific roundings (repacked Q4_K tiles, fused multiply-adds); it is held to
-# margin 0.75 and excess 0.5. Measured with the float64 reference (the same on every CPU): SmolLM2
-# has no flip even above margin 0.25 (394 positions), worst excess 0.19, median 0.035.
-BOUNDS = {"native": (0.5, 0.35), "numba": (0.5, 0.35), "numpy": (0.75, 0.5)}
+# The NumPy reference rounds activations where ggml does but sums exactly (float64, so its results
+# are the same on every CPU) and skips llama.cpp's kernel-specific roundings (repacked Q4_K tiles,
+# fused multiply-adds). Measured (agreement() above, on an AVX-512 Xeon, the same on any CPU):
+# SmolLM2 no flip above margin 0.25 (394 positions), worst excess 0.19, median 0.035, p95 0.28;
+# Gemma 3 no flip above 0.5 (1,219 positions; six between 0.29 and 0.47 on its long prompt), worst
+# excess 0.350 (its 1,194-token prompt), median 0.029, p95 0.41. So it is held to the issue's margin
+# 0.5, and to excess 0.5 (the float32-BLAS reference it replaces was held to margin 0.75 and 0.5).
+BOUNDS = {"native": (0.5, 0.35), "numba": (0.5, 0.35), "numpy": (0.5, 0.5)}
 
 
 def test_logits_agree_with_llamacpp(case) -> None:
