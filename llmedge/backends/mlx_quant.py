@@ -118,8 +118,11 @@ def pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
         return np.ascontiguousarray(codes).view(np.uint32)
     if bits == 4:
         return np.ascontiguousarray(codes[:, 0::2] | (codes[:, 1::2] << 4)).view(np.uint32)
-    stream = np.unpackbits(codes[..., None], axis=-1, bitorder="little")[..., :bits].reshape(rows, k * bits)
-    return np.packbits(stream, axis=-1, bitorder="little").view(np.uint32)
+    c = codes.reshape(rows, k // 8, 8)
+    word = np.zeros((rows, k // 8), np.uint64)  # 8 codes fill ``bits`` bytes exactly
+    for i in range(8):
+        word |= c[..., i].astype(np.uint64) << np.uint64(bits * i)
+    return np.ascontiguousarray(word.view(np.uint8).reshape(rows, k // 8, 8)[..., :bits]).reshape(rows, -1).view(np.uint32)
 
 
 def affine_rows(raw: np.ndarray, t: T, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
@@ -130,6 +133,8 @@ def affine_rows(raw: np.ndarray, t: T, k: int) -> tuple[np.ndarray, np.ndarray, 
     rows = raw.shape[0]
     blocks = raw.reshape(rows, k // tr.block_size, tr.type_size)
     s, b = (a.reshape(rows, k // GROUP) for a in m.fields(blocks))
+    if t == T.Q8_0:  # the big embedding tables: the int8 codes offset by 128 are the bytes with the sign bit flipped
+        return pack_codes(np.ascontiguousarray(blocks[..., 2:34]).reshape(rows, k) ^ np.uint8(0x80), 8), s, b, None
     values = dequantize(raw, t, (rows, k))
     mins = None
     if t == T.Q2_K:
