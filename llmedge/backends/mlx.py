@@ -108,22 +108,24 @@ def traits_bits(t: T) -> int:
 
 def _fallback_weight(tensor: TensorInfo, m: int, k: int, how: str) -> MlxWeight:
     """A type with no exact affine form: dequantized by the reference, then re-quantized by MLX to
-    8-bit codes (``how='q8'``) or kept as float16 (``how='f16'``)."""
+    8-bit codes (``how='q8'``) or kept as float (``'f16'``, ``'bf16'``, ``'f32'``: exact)."""
     t = T(tensor.ggml_type)
     raw = tensor.rows()
     step = max(1, _CHUNK_VALUES // k)
-    if how == "f16":
-        w = np.concatenate([dequantize(raw[i : i + step], t, (len(raw[i : i + step]), k)).astype(np.float16)
-                            for i in _chunks(m, k)])
-        return MlxWeight(tensor.name, tensor.ggml_type, (m, k), "f16 (dequantized)", mx.array(w))
     parts = []
     for i in _chunks(m, k):
-        part = mx.quantize(mx.array(dequantize(raw[i : i + step], t, (len(raw[i : i + step]), k))),
-                           group_size=GROUP, bits=8)
+        f = mx.array(dequantize(raw[i : i + step], t, (len(raw[i : i + step]), k)))
+        part = mx.quantize(f, group_size=GROUP, bits=8) if how == "q8" else (f.astype(_HOW_DTYPES[how]),)
         mx.eval(part)
         parts.append(part)
-    q, s, b = (mx.concatenate([p[j] for p in parts]) for j in range(3))
+    arrays = [mx.concatenate([p[j] for p in parts]) for j in range(len(parts[0]))]
+    if how != "q8":
+        return MlxWeight(tensor.name, tensor.ggml_type, (m, k), f"{how} (dequantized)", arrays[0])
+    q, s, b = arrays
     return MlxWeight(tensor.name, tensor.ggml_type, (m, k), f"affine q8 g{GROUP} (re-quantized)", q, s, b, 8)
+
+
+_HOW_DTYPES = {"f16": mx.float16, "bf16": mx.bfloat16, "f32": mx.float32}
 
 
 class MlxBackend:
@@ -134,7 +136,7 @@ class MlxBackend:
     def __init__(self, n_threads: int | None = None, fallback: dict[T, str] | None = None) -> None:
         self.n_threads = n_threads
         self.device = device_name()
-        self.isa = f"mlx {mx.__version__} {self.device}"
+        self.isa = f"device {self.device} (mlx {mx.__version__})"  # what bench reports
         self.fallback = {**REQUANTIZED, **(fallback or {})}
         self._prepared: dict[tuple[int, int, int], MlxWeight] = {}
 
@@ -173,8 +175,9 @@ class MlxBackend:
             raise IndexError(f"row id out of range for {w.name} with {w.shape[0]} rows")
         return _np(w.rows(mx.array(ids.astype(np.int32))))
 
-    def rms_norm(self, x: np.ndarray, weight: mx.array, eps: float) -> np.ndarray:
-        return _np(mx.fast.rms_norm(mx.array(as_f32c(x)), weight, eps))
+    def rms_norm(self, x: np.ndarray, weight: mx.array | np.ndarray | None, eps: float) -> np.ndarray:
+        w = None if weight is None else mx.array(weight)
+        return _np(mx.fast.rms_norm(mx.array(as_f32c(x)), w, eps))
 
     def rope(self, x: np.ndarray, positions: np.ndarray, n_rot: int, freq_base: float,
              freq_scale: float, neox: bool) -> np.ndarray:
@@ -189,6 +192,16 @@ class MlxBackend:
 
     def glu(self, gate: np.ndarray, up: np.ndarray, kind: GluKind) -> np.ndarray:
         return _np(glu(mx.array(as_f32c(gate)), mx.array(as_f32c(up)), kind))
+
+    def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return _np(mx.array(as_f32c(a)) + mx.array(as_f32c(b)))
+
+    def scale(self, x: np.ndarray, s: float) -> np.ndarray:
+        return _np(mx.array(as_f32c(x)) * s)
+
+    def softcap(self, x: np.ndarray, cap: float) -> np.ndarray:
+        """``tanh(x / cap) * cap`` (logit soft-capping)."""
+        return _np(mx.tanh(mx.array(as_f32c(x)) / cap) * cap)
 
     # -- the fused stack ---------------------------------------------------------------------------
     def decoder_layers(self, model: Any, x: np.ndarray, step: Any) -> bool:
@@ -240,7 +253,8 @@ def attention(q: mx.array, k: mx.array, v: mx.array, mask: mx.array, scale: floa
         o = mx.softmax(s, axis=-1, precise=True) @ vh
     else:
         o = mx.fast.scaled_dot_product_attention(qh, kh, vh, scale=scale, mask=mask)
-    return o[0].transpose(1, 0, 2)
+    o = o[0].transpose(1, 0, 2)
+    return mx.where(mask.any(axis=-1)[:, None, None], o, 0.0)  # a query that sees no key reads zeros
 
 
 def glu(gate: mx.array, up: mx.array, kind: GluKind) -> mx.array:
