@@ -221,7 +221,7 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
 
 
 # a few short prompts per model: MLX's CPU build evaluates prompts row by row
-LOGIT_CASES = {"smollm2": ["prose", "chat", "one_word"], "gemma3": ["chat", "one_word"]}
+LOGIT_CASES = {"smollm2": ["prose", "chat", "one_word"], "gemma3": ["prose", "chat", "one_word"]}
 
 
 @pytest.mark.parametrize("name", ["smollm2", "gemma3"])

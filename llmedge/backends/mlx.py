@@ -242,6 +242,8 @@ def visible(q_pos: np.ndarray, k_pos: np.ndarray, window: int | None) -> np.ndar
 def attention(q: mx.array, k: mx.array, v: mx.array, mask: mx.array, scale: float,
               softcap: float | None) -> mx.array:
     """q [n, H, d] over k, v [t, Hkv, d] with a boolean mask [n, t]; float32 [n, H, dv]."""
+    if k.dtype == mx.float16:  # ggml multiplies an f16 cache by the query rounded to f16
+        q = _f16(q)
     qh = q.transpose(1, 0, 2)[None]
     kh = k.astype(mx.float32).transpose(1, 0, 2)[None]
     vh = v.astype(mx.float32).transpose(1, 0, 2)[None]
@@ -257,11 +259,21 @@ def attention(q: mx.array, k: mx.array, v: mx.array, mask: mx.array, scale: floa
     return mx.where(mask.any(axis=-1)[:, None, None], o, 0.0)  # a query that sees no key reads zeros
 
 
+def _f16(x: mx.array) -> mx.array:
+    return x.astype(mx.float16).astype(mx.float32)
+
+
+def gelu_ggml(x: mx.array) -> mx.array:
+    """ggml's GELU (tanh form): input and output through f16 (its lookup table), identity past +-10."""
+    h = _f16(x)
+    y = _f16(0.5 * h * (1.0 + mx.tanh(_SQRT_2_OVER_PI * h * (1.0 + 0.044715 * h * h))))
+    return mx.where(x <= -10.0, 0.0, mx.where(x >= 10.0, x, y))
+
+
 def glu(gate: mx.array, up: mx.array, kind: GluKind) -> mx.array:
     if kind == "silu":
         return gate * mx.sigmoid(gate) * up
-    g = 0.5 * gate * (1.0 + mx.tanh(_SQRT_2_OVER_PI * gate * (1.0 + 0.044715 * gate * gate)))
-    return g * up
+    return gelu_ggml(gate) * up
 
 
 # ---- the whole stack of a step ------------------------------------------------------------------
