@@ -271,7 +271,7 @@ def test_after_a_context_shift_logits_equal_a_fresh_evaluation(smollm2_path: Pat
 # ----------------------------------------------------------------------------- chat, server, batching
 
 
-def test_cli_run_with_backend_mlx_prints_the_api_answer(smollm2_path: Path, model_paths, tmp_path: Path) -> None:
+def test_cli_run_and_show_with_backend_mlx(smollm2_path: Path, model_paths, tmp_path: Path) -> None:
     model = _mlx_model(model_paths, "smollm2")
     want = "".join(c.text for c in model.generate("Say hi.", temperature=0, max_tokens=4)) + "\n"
     env = {**os.environ, "LLMEDGE_MODELS": str(tmp_path / "store")}
@@ -280,6 +280,11 @@ def test_cli_run_with_backend_mlx_prints_the_api_answer(smollm2_path: Path, mode
                        capture_output=True, text=True, env=env, timeout=300, stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stderr
     assert r.stdout == want
+    r = subprocess.run([sys.executable, "-m", "llmedge.cli.main", "show", str(smollm2_path), "--backend", "mlx"],
+                       capture_output=True, text=True, env=env, timeout=300, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr
+    assert "mlx (requested)" in r.stdout
+    assert "Q4_1 -> affine q4 g32 (exact) x210, Q8_0 -> affine q8 g32 (exact) x1" in r.stdout
 
 
 def test_chat_session_answers_on_mlx(model_paths, tmp_path: Path) -> None:
