@@ -254,6 +254,21 @@ def test_greedy_continuation_agrees_with_llamacpp(name: str, case: str, model_pa
     assert mine == g["tokens"][:n]
 
 
+def test_op_by_op_path_equals_the_fused_stack(model_paths) -> None:
+    """A layer spec the stack does not know makes it decline: the protocol's ops then run the same
+    model (each op a separate evaluation) to the same logits."""
+    m = _mlx_model(model_paths, "smollm2")
+    ids = m.tokenize("The capital of France is", add_bos=True)
+    fused = m.logits(ids)
+    stack, m.model._mlx_stack = m.model._mlx_stack, False
+    try:
+        op_by_op = m.logits(ids)
+    finally:
+        m.model._mlx_stack = stack
+    np.testing.assert_allclose(op_by_op, fused, rtol=0, atol=2e-3 * np.abs(fused).max())
+    assert (op_by_op.argmax(axis=1) == fused.argmax(axis=1)).all()
+
+
 def test_after_a_context_shift_logits_equal_a_fresh_evaluation(smollm2_path: Path) -> None:
     """The shifted keys are re-rotated by the MLX RoPE at negative offsets: the logits after the shift
     equal those of a cache built fresh at the new distances (the relative-position property)."""
