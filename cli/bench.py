@@ -23,7 +23,7 @@ def bench(
     = 2048,
     ubatch_size: Annotated[int, typer.Option("-ub", "--ubatch-size", help="Tokens per forward (physical batch).")]
     = 512,
-    backend: Annotated[str, typer.Option("--backend", help="llmedge backend: auto, native, numba or numpy.")]
+    backend: Annotated[str, typer.Option("--backend", help="llmedge backend: auto, native, numba, mlx or numpy.")]
     = "auto",
     output: Annotated[str, typer.Option("-o", "--output", help="md, json, jsonl or csv.")] = "md",
     compare: Annotated[str | None, typer.Option(

@@ -135,9 +135,13 @@ def show(
         "vocabulary": f"{tok.n_vocab} ({g.get_str('tokenizer.ggml.model')})",
         "file": str(path),
         "backend": f"{chosen} ({why})",
-        "kv cache": _kv_cache_line(path, chosen, ctx, kv_type),
-        "template used": origin,
     }
+    m = _load(path, chosen, ctx, kv_type)
+    info["kv cache"] = _kv_cache_line(m)
+    report = getattr(m.backend, "weight_report", None)
+    if report is not None:  # what each tensor became on a backend that converts them (mlx)
+        info["weights"] = _weights_line(g, report())
+    info["template used"] = origin
     if config.get("parameters"):
         info["defaults"] = ", ".join(f"{k}={v}" for k, v in config["parameters"].items())
     if config.get("system"):
@@ -162,10 +166,22 @@ def _template(gguf_template, tokenizer, config: dict):
     return template_choice(config, SimpleNamespace(template=gguf_template, tokenizer=tokenizer))
 
 
-def _kv_cache_line(path, backend: str, ctx: int, kv_type: str) -> str:
+def _load(path, backend: str, ctx: int, kv_type: str):
     from llmedge.api import Model
 
-    info = Model(path, backend=backend, n_ctx=ctx, kv_type=kv_type).cache_info()
+    return Model(path, backend=backend, n_ctx=ctx, kv_type=kv_type)
+
+
+def _weights_line(g, report: dict[str, str]) -> str:
+    """``Q6_K -> affine q8 g32 (re-quantized) x9, ...``: per stored type, what its tensors became."""
+    from collections import Counter
+
+    became = Counter((g.tensors[name].type_name, what) for name, what in report.items())
+    return ", ".join(f"{t} -> {what} x{n}" for (t, what), n in sorted(became.items()))
+
+
+def _kv_cache_line(m) -> str:
+    info = m.cache_info()
     rings = f", {info['layers_ring']} sliding-window layers of {info['ring_cells']} cells" if info["layers_ring"] else ""
     return (f"{_size(info['sequence_bytes'])} per sequence at {info['n_ctx']} tokens, {info['kv_type']} "
             f"({info['layers_full']} full layers{rings})")

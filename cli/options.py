@@ -9,4 +9,4 @@ import typer
 ModelArg = Annotated[str, typer.Argument(help="A catalog name (smollm2:135m), a store name or a .gguf path.")]
 Ctx = Annotated[int, typer.Option("--ctx", help="Context size in tokens.")]
 Threads = Annotated[int | None, typer.Option("--threads", help="Compute threads (default: physical cores).")]
-BackendOpt = Annotated[str, typer.Option("--backend", help="auto, native, numba or numpy (LLMEDGE_BACKEND).")]
+BackendOpt = Annotated[str, typer.Option("--backend", help="auto, native, numba, mlx or numpy (LLMEDGE_BACKEND).")]

@@ -2,7 +2,7 @@
 # Set up everything the test suite needs on a fresh machine, then run it.
 # System packages (Debian): tmux, for the terminal tests that drive a real terminal; the aarch64
 # cross compiler and qemu-user, to build the ARM NEON kernels and run their self-test here.
-# Python: a venv with the test extras.
+# Python: a venv with the test extras and MLX (its CPU build on Linux: the mlx backend's tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 missing=()
@@ -14,5 +14,5 @@ if [ ${#missing[@]} -gt 0 ]; then
     $sudo apt-get update -qq && $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 python3 -m venv .venv
-.venv/bin/pip install -q -e '.[test]'
+.venv/bin/pip install -q -e '.[test,mlx]'
 exec .venv/bin/python -m pytest -q --durations=15 "$@"

@@ -1,18 +1,22 @@
 """Compute backends and how one is chosen: ``native`` (C SIMD via cffi), ``numba`` (JIT-compiled
-kernels, the portable fast path), ``numpy`` (the reference).
+kernels, the portable fast path), ``mlx`` (Apple's MLX: Apple Silicon's GPU, or MLX's CPU build),
+``numpy`` (the reference).
 
-``auto`` (the default, or ``$LLMEDGE_BACKEND``) picks native, then numba, then numpy, and records
-why in the reason string that ``llmedge show`` prints.
+``auto`` (the default, or ``$LLMEDGE_BACKEND``) picks mlx on Apple Silicon when it is installed,
+else native, then numba, then numpy, and records why in the reason string that ``llmedge show``
+prints.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import platform
+import sys
 
 from llmedge.errors import LlmedgeError
 
-BACKENDS = ("native", "numba", "numpy")
+BACKENDS = ("native", "numba", "mlx", "numpy")
 
 
 def native_status() -> tuple[bool, str]:
@@ -36,6 +40,20 @@ def numba_status() -> tuple[bool, str]:
     return True, f"numba {numba.__version__} JIT"
 
 
+@functools.lru_cache(maxsize=1)
+def mlx_status() -> tuple[bool, str]:
+    """Whether the mlx backend can run here (``import mlx.core`` works), and if not, why."""
+    try:
+        import mlx.core as mx
+    except Exception as e:  # ImportError, or a build for another platform
+        return False, f"mlx is not importable ({type(e).__name__}: {e}; pip install 'llmedge[mlx]')"
+    return True, f"mlx {mx.__version__} on {'gpu' if mx.default_device() == mx.gpu else 'cpu'}"
+
+
+def apple_silicon() -> bool:
+    return sys.platform == "darwin" and platform.machine() == "arm64"
+
+
 def choose_backend(name: str | None = "auto") -> tuple[str, str]:
     """Resolve ``name`` ('auto', None, or a backend) to a backend name and the reason for it."""
     name = (name or "auto").lower()
@@ -43,6 +61,8 @@ def choose_backend(name: str | None = "auto") -> tuple[str, str]:
         env = os.environ.get("LLMEDGE_BACKEND", "").strip().lower()
         if env and env != "auto":
             return choose_backend(env)[0], f"chosen by LLMEDGE_BACKEND={env}"
+        if apple_silicon() and mlx_status()[0]:
+            return "mlx", f"Apple Silicon: {mlx_status()[1]}"
         ok, why = native_status()
         if ok:
             return "native", why
@@ -56,10 +76,10 @@ def choose_backend(name: str | None = "auto") -> tuple[str, str]:
         ok, why = native_status()
         if not ok:
             raise LlmedgeError(f"the native backend is unavailable: {why}")
-    if name == "numba":
-        ok, why = numba_status()
+    if name in ("numba", "mlx"):
+        ok, why = numba_status() if name == "numba" else mlx_status()
         if not ok:
-            raise LlmedgeError(f"the numba backend is unavailable: {why}")
+            raise LlmedgeError(f"the {name} backend is unavailable: {why}")
     return name, "requested"
 
 
@@ -76,6 +96,10 @@ def make_backend(name: str | None = "auto", n_threads: int | None = None):
         backend = NumbaBackend(n_threads)
         backend.warmup()
         return backend
+    if chosen == "mlx":
+        from llmedge.backends.mlx import MlxBackend
+
+        return MlxBackend(n_threads)
     from llmedge.backends.numpy_ref import NumpyBackend
 
     return NumpyBackend(n_threads)

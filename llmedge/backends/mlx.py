@@ -1,0 +1,366 @@
+"""The MLX backend: the Backend op set on Apple's MLX (Apple Silicon's GPU; MLX's CPU build elsewhere).
+
+Weights come from llmedge's GGUF reader (never ``mx.load``) and are mapped once, at ``prepare``,
+onto MLX's affine quantized format where the math allows (see :mod:`llmedge.backends.mlx_quant`);
+``mx.quantized_matmul`` then multiplies float32 activations by them. RMS norm, RoPE and attention
+use ``mx.fast``. The protocol's ops take and return NumPy arrays (the op-by-op path); the whole
+stack of a step runs in :meth:`MlxBackend.decoder_layers` on MLX arrays, with two compiled
+functions per layer (before and after attention) and one evaluation per layer, where the new K/V
+rows go to llmedge's own KV cache (its ring, shift, trim, state and q8_0 cells stay one
+implementation for every backend).
+
+Unlike llama.cpp, which quantizes activations to Q8 for its products, MLX computes in float32: the
+agreement with llama.cpp is held to tolerances, not bit-exactness.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from llmedge.backends.base import GluKind, as_f32c
+from llmedge.backends.mlx_quant import GROUP, MAPPINGS, REQUANTIZED, affine_rows
+from llmedge.gguf import TensorInfo
+from llmedge.quant import GGMLQuantizationType as T
+from llmedge.quant import dequantize
+
+_CHUNK_VALUES = 1 << 21  # values converted per slice of rows at load (bounds the NumPy temporaries)
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def device_name() -> str:
+    """``gpu`` or ``cpu``: where MLX runs by default here."""
+    return "gpu" if mx.default_device() == mx.gpu else "cpu"
+
+
+@dataclass
+class MlxWeight:
+    """A 2-D weight [m, k] in MLX form: affine-quantized codes with scales and biases, or a float matrix."""
+
+    name: str
+    ggml_type: int
+    shape: tuple[int, int]
+    became: str  # what ``llmedge show`` prints: e.g. "affine q4 g32 (exact)"
+    w: mx.array
+    scales: mx.array | None = None
+    biases: mx.array | None = None
+    bits: int = 0
+    mins: mx.array | None = None  # Q2_K: dmin*m per 16 values, subtracted as x's 16-sums times mins
+
+    def matmul(self, x: mx.array) -> mx.array:
+        if self.scales is None:
+            return (x.astype(self.w.dtype) @ self.w.T).astype(mx.float32)
+        y = mx.quantized_matmul(x, self.w, self.scales, self.biases, transpose=True, group_size=GROUP,
+                                bits=self.bits)
+        if self.mins is not None:
+            y = y - x.reshape(*x.shape[:-1], -1, 16).sum(axis=-1) @ self.mins.T
+        return y
+
+    def rows(self, ids: mx.array) -> mx.array:
+        if self.scales is None:
+            return self.w[ids].astype(mx.float32)
+        out = mx.dequantize(self.w[ids], self.scales[ids], self.biases[ids], group_size=GROUP, bits=self.bits)
+        if self.mins is not None:
+            out = out - mx.repeat(self.mins[ids], 16, axis=-1)
+        return out
+
+
+_FLOAT_DTYPES = {T.F32: mx.float32, T.F16: mx.float16, T.BF16: mx.bfloat16}
+
+
+def _float_weight(tensor: TensorInfo, m: int, k: int) -> MlxWeight:
+    t = T(tensor.ggml_type)
+    raw = tensor.rows()
+    if t == T.BF16:
+        w = mx.array(raw.view(np.uint16).reshape(m, k)).view(mx.bfloat16)
+    else:
+        w = mx.array(raw.view(np.float32 if t == T.F32 else np.float16).reshape(m, k))
+    return MlxWeight(tensor.name, tensor.ggml_type, (m, k), f"{t.name.lower()} (as stored)", w)
+
+
+def _chunks(m: int, k: int) -> range:
+    return range(0, m, max(1, _CHUNK_VALUES // max(k, 1)))
+
+
+def _affine_weight(tensor: TensorInfo, m: int, k: int) -> MlxWeight:
+    t = T(tensor.ggml_type)
+    raw = tensor.rows()
+    step = max(1, _CHUNK_VALUES // k)
+    parts = [affine_rows(raw[i : i + step], t, k) for i in _chunks(m, k)]
+    q, s, b = (mx.array(np.concatenate([p[j] for p in parts])) for j in range(3))
+    mins = mx.array(np.concatenate([p[3] for p in parts])) if parts[0][3] is not None else None
+    bits = MAPPINGS[t].bits
+    how = "exact" if bits == traits_bits(t) else "exact, wider codes"
+    if mins is not None:
+        how = "exact, with per-16 mins"
+    return MlxWeight(tensor.name, tensor.ggml_type, (m, k), f"affine q{bits} g{GROUP} ({how})", q, s, b, bits, mins)
+
+
+def traits_bits(t: T) -> int:
+    """The nominal code width of a GGML type (4 for Q4_*, 5 for Q5_*, ...)."""
+    return {T.Q4_0: 4, T.Q4_1: 4, T.Q5_0: 5, T.Q5_1: 5, T.Q8_0: 8, T.Q4_K: 4, T.Q5_K: 5}.get(t, 0)
+
+
+def _fallback_weight(tensor: TensorInfo, m: int, k: int, how: str) -> MlxWeight:
+    """A type with no exact affine form: dequantized by the reference, then re-quantized by MLX to
+    8-bit codes (``how='q8'``) or kept as float (``'f16'``, ``'bf16'``, ``'f32'``: exact)."""
+    t = T(tensor.ggml_type)
+    raw = tensor.rows()
+    step = max(1, _CHUNK_VALUES // k)
+    parts = []
+    for i in _chunks(m, k):
+        f = mx.array(dequantize(raw[i : i + step], t, (len(raw[i : i + step]), k)))
+        part = mx.quantize(f, group_size=GROUP, bits=8) if how == "q8" else (f.astype(_HOW_DTYPES[how]),)
+        mx.eval(part)
+        parts.append(part)
+    arrays = [mx.concatenate([p[j] for p in parts]) for j in range(len(parts[0]))]
+    if how != "q8":
+        return MlxWeight(tensor.name, tensor.ggml_type, (m, k), f"{how} (dequantized)", arrays[0])
+    q, s, b = arrays
+    return MlxWeight(tensor.name, tensor.ggml_type, (m, k), f"affine q8 g{GROUP} (re-quantized)", q, s, b, 8)
+
+
+_HOW_DTYPES = {"f16": mx.float16, "bf16": mx.bfloat16, "f32": mx.float32}
+
+
+class MlxBackend:
+    """:class:`llmedge.backends.base.Backend` on MLX."""
+
+    name = "mlx"
+
+    def __init__(self, n_threads: int | None = None, fallback: dict[T, str] | None = None) -> None:
+        self.n_threads = n_threads
+        self.device = device_name()
+        self.isa = f"device {self.device} (mlx {mx.__version__})"  # what bench reports
+        self.fallback = {**REQUANTIZED, **(fallback or {})}
+        self._prepared: dict[tuple[int, int, int], MlxWeight] = {}
+
+    # -- weights -----------------------------------------------------------------------------------
+    def prepare(self, tensor: TensorInfo) -> MlxWeight | mx.array:
+        if len(tensor.dims) == 1:
+            return mx.array(dequantize(tensor.data, tensor.ggml_type, tensor.shape))
+        key = (id(tensor._buffer), tensor.offset, tensor.ggml_type)
+        if key not in self._prepared:  # tied embeddings/output share one conversion
+            self._prepared[key] = self._convert(tensor)
+        return self._prepared[key]
+
+    def _convert(self, tensor: TensorInfo) -> MlxWeight:
+        k = tensor.dims[0]
+        m = tensor.n_elements // k
+        t = T(tensor.ggml_type)
+        if t in _FLOAT_DTYPES:
+            return _float_weight(tensor, m, k)
+        if k % GROUP:
+            raise ValueError(f"{tensor.name}: rows of {k} values do not split into MLX groups of {GROUP}")
+        if t in MAPPINGS:
+            return _affine_weight(tensor, m, k)
+        return _fallback_weight(tensor, m, k, self.fallback.get(t, "q8"))
+
+    def weight_report(self) -> dict[str, str]:
+        """Per prepared tensor name, what it became (``llmedge show``)."""
+        return {w.name: w.became for w in self._prepared.values()}
+
+    # -- the protocol's ops (NumPy in, NumPy out) ---------------------------------------------------
+    def matmul(self, x: np.ndarray, w: MlxWeight) -> np.ndarray:
+        return _np(w.matmul(mx.array(as_f32c(x))))
+
+    def get_rows(self, w: MlxWeight, ids: np.ndarray) -> np.ndarray:
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= w.shape[0]):
+            raise IndexError(f"row id out of range for {w.name} with {w.shape[0]} rows")
+        return _np(w.rows(mx.array(ids.astype(np.int32))))
+
+    def rms_norm(self, x: np.ndarray, weight: mx.array | np.ndarray | None, eps: float) -> np.ndarray:
+        w = None if weight is None else mx.array(weight)
+        return _np(mx.fast.rms_norm(mx.array(as_f32c(x)), w, eps))
+
+    def rope(self, x: np.ndarray, positions: np.ndarray, n_rot: int, freq_base: float,
+             freq_scale: float, neox: bool) -> np.ndarray:
+        return _np(rope(mx.array(as_f32c(x)), mx.array(np.asarray(positions, dtype=np.int32)), n_rot,
+                        freq_base, freq_scale, neox))
+
+    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.ndarray,
+                  k_pos: np.ndarray, scale: float, window: int | None = None,
+                  softcap: float | None = None) -> np.ndarray:
+        mask = mx.array(visible(np.asarray(q_pos), np.asarray(k_pos), window))
+        return _np(attention(mx.array(as_f32c(q)), mx.array(k), mx.array(v), mask, scale, softcap))
+
+    def glu(self, gate: np.ndarray, up: np.ndarray, kind: GluKind) -> np.ndarray:
+        return _np(glu(mx.array(as_f32c(gate)), mx.array(as_f32c(up)), kind))
+
+    def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return _np(mx.array(as_f32c(a)) + mx.array(as_f32c(b)))
+
+    def scale(self, x: np.ndarray, s: float) -> np.ndarray:
+        return _np(mx.array(as_f32c(x)) * s)
+
+    def softcap(self, x: np.ndarray, cap: float) -> np.ndarray:
+        """``tanh(x / cap) * cap`` (logit soft-capping)."""
+        return _np(mx.tanh(mx.array(as_f32c(x)) / cap) * cap)
+
+    # -- the fused stack ---------------------------------------------------------------------------
+    def decoder_layers(self, model: Any, x: np.ndarray, step: Any) -> bool:
+        """Every layer of ``model`` over the rows ``x`` of ``step``, in place, on MLX arrays. Returns
+        False (nothing done) for a layer spec this backend does not know: the op-by-op path runs."""
+        plan = getattr(model, "_mlx_stack", None)
+        if plan is None:
+            plan = model._mlx_stack = _Stack(model) if _Stack.supported(model) else False
+        if plan is False:
+            return False
+        x[...] = _np(plan.run(mx.array(x), step))
+        return True
+
+
+def _np(a: mx.array) -> np.ndarray:
+    return np.array(a, copy=True)
+
+
+# ---- the ops on MLX arrays (shared by the protocol methods and the fused stack) -------------------
+
+
+def rope(x: mx.array, positions: mx.array, n_rot: int, base: float, scale: float, neox: bool) -> mx.array:
+    """x [n, heads, d] rotated at ``positions`` [n]: each row is a batch of one at its own offset."""
+    n, h, d = x.shape
+    y = mx.fast.rope(x.reshape(n, h, 1, d), n_rot, traditional=not neox, base=base, scale=scale,
+                     offset=positions)
+    return y.reshape(n, h, d)
+
+
+def visible(q_pos: np.ndarray, k_pos: np.ndarray, window: int | None) -> np.ndarray:
+    """The boolean attention mask [n, t]: causal, empty cells (k_pos < 0) hidden, sliding window."""
+    m = (k_pos[None, :] <= q_pos[:, None]) & (k_pos[None, :] >= 0)
+    if window is not None:
+        m &= (q_pos[:, None] - k_pos[None, :]) < window
+    return m
+
+
+def attention(q: mx.array, k: mx.array, v: mx.array, mask: mx.array, scale: float,
+              softcap: float | None) -> mx.array:
+    """q [n, H, d] over k, v [t, Hkv, d] with a boolean mask [n, t]; float32 [n, H, dv]."""
+    if k.dtype == mx.float16:  # ggml multiplies an f16 cache by the query rounded to f16
+        q = _f16(q)
+    qh = q.transpose(1, 0, 2)[None]
+    kh = k.astype(mx.float32).transpose(1, 0, 2)[None]
+    vh = v.astype(mx.float32).transpose(1, 0, 2)[None]
+    if softcap:  # scores capped before scaling, as llama.cpp without flash attention: not in sdpa
+        group = q.shape[1] // k.shape[1]
+        kh, vh = mx.repeat(kh, group, axis=1), mx.repeat(vh, group, axis=1)
+        s = mx.tanh((qh @ kh.transpose(0, 1, 3, 2)) / softcap) * softcap * scale
+        s = mx.where(mask, s, -mx.inf)
+        o = mx.softmax(s, axis=-1, precise=True) @ vh
+    else:
+        o = mx.fast.scaled_dot_product_attention(qh, kh, vh, scale=scale, mask=mask)
+    o = o[0].transpose(1, 0, 2)
+    return mx.where(mask.any(axis=-1)[:, None, None], o, 0.0)  # a query that sees no key reads zeros
+
+
+def _f16(x: mx.array) -> mx.array:
+    return x.astype(mx.float16).astype(mx.float32)
+
+
+def gelu_ggml(x: mx.array) -> mx.array:
+    """ggml's GELU (tanh form): input and output through f16 (its lookup table), identity past +-10."""
+    h = _f16(x)
+    y = _f16(0.5 * h * (1.0 + mx.tanh(_SQRT_2_OVER_PI * h * (1.0 + 0.044715 * h * h))))
+    return mx.where(x <= -10.0, 0.0, mx.where(x >= 10.0, x, y))
+
+
+def glu(gate: mx.array, up: mx.array, kind: GluKind) -> mx.array:
+    if kind == "silu":
+        return gate * mx.sigmoid(gate) * up
+    return gelu_ggml(gate) * up
+
+
+# ---- the whole stack of a step ------------------------------------------------------------------
+
+_KNOWN_WEIGHTS = {"attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm", "attn_output",
+                  "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm"}
+_KNOWN_SPEC = {"n_head", "n_kv_head", "head_dim", "n_rot", "rope_base", "rope_scale", "neox", "scale", "eps",
+               "window", "softcap", "q_scale"}
+
+
+class _Stack:
+    """A model's layers as MLX functions: per layer, a compiled pre-attention part (norm, Q/K/V,
+    Q/K norms, RoPE) and post-attention part (output projection, norms, residuals, gated FFN)."""
+
+    @staticmethod
+    def supported(model: Any) -> bool:
+        layers, specs = getattr(model, "layers", None), getattr(model, "specs", None)
+        if not layers or not specs or getattr(model, "glu_kind", None) not in ("silu", "gelu"):
+            return False
+        for w, spec in zip(layers, specs):
+            if not set(w) <= _KNOWN_WEIGHTS or not dataclasses.is_dataclass(spec):
+                return False
+            if {f.name for f in dataclasses.fields(spec)} - _KNOWN_SPEC:
+                return False
+            if not all(isinstance(w[n], MlxWeight) for n in ("attn_q", "attn_k", "attn_v", "attn_output",
+                                                            "ffn_gate", "ffn_up", "ffn_down")):
+                return False
+        return True
+
+    def __init__(self, model: Any) -> None:
+        self.eps = float(model.params.eps)
+        self.glu_kind = model.glu_kind
+        self.layers = list(zip(model.layers, model.specs))
+        self.pre = [mx.compile(self._pre_fn(w, s)) for w, s in self.layers]
+        self.post = [mx.compile(self._post_fn(w)) for w, _ in self.layers]
+
+    def _pre_fn(self, w: dict[str, Any], spec: Any):
+        eps = self.eps
+
+        def pre(x: mx.array, pos: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+            n = x.shape[0]
+            h = mx.fast.rms_norm(x, w["attn_norm"], eps)
+            q = w["attn_q"].matmul(h).reshape(n, spec.n_head, spec.head_dim)
+            k = w["attn_k"].matmul(h).reshape(n, spec.n_kv_head, spec.head_dim)
+            v = w["attn_v"].matmul(h).reshape(n, spec.n_kv_head, -1)
+            if "attn_q_norm" in w:
+                q = mx.fast.rms_norm(q, w["attn_q_norm"], eps)
+                k = mx.fast.rms_norm(k, w["attn_k_norm"], eps)
+            q = rope(q, pos, spec.n_rot, spec.rope_base, spec.rope_scale, spec.neox)
+            if spec.q_scale != 1.0:
+                q = q * spec.q_scale
+            k = rope(k, pos, spec.n_rot, spec.rope_base, spec.rope_scale, spec.neox)
+            return q, k, v
+
+        return pre
+
+    def _post_fn(self, w: dict[str, Any]):
+        eps, kind = self.eps, self.glu_kind
+
+        def post(x: mx.array, o: mx.array) -> mx.array:
+            h = w["attn_output"].matmul(o.reshape(x.shape[0], -1))
+            if "post_attention_norm" in w:
+                h = mx.fast.rms_norm(h, w["post_attention_norm"], eps)
+            x = x + h
+            h = mx.fast.rms_norm(x, w["ffn_norm"], eps)
+            h = w["ffn_down"].matmul(glu(w["ffn_gate"].matmul(h), w["ffn_up"].matmul(h), kind))
+            if "post_ffw_norm" in w:
+                h = mx.fast.rms_norm(h, w["post_ffw_norm"], eps)
+            return x + h
+
+        return post
+
+    def run(self, x: mx.array, step: Any) -> mx.array:
+        positions = np.asarray(step.positions)
+        pos = mx.array(positions.astype(np.int32))
+        for il, (_, spec) in enumerate(self.layers):
+            q, k, v = self.pre[il](x, pos)
+            mx.eval(q, k, v)
+            k_np, v_np = np.asarray(k), np.asarray(v)
+            parts = []
+            for (s, e), b in zip(step.bounds, step.batches):
+                layer = b.cache.layers[il]
+                if layer.rope is None:  # what a context shift needs to re-rotate this layer's keys
+                    layer.rope = (spec.n_rot, spec.rope_base, spec.rope_scale, spec.neox)
+                k_all, v_all, k_pos = layer.update_and_fetch(k_np[s:e], v_np[s:e], positions[s:e])
+                mask = mx.array(visible(positions[s:e], k_pos, spec.window))
+                parts.append(attention(q[s:e], mx.array(k_all), mx.array(v_all), mask, spec.scale, spec.softcap))
+            o = parts[0] if len(parts) == 1 else mx.concatenate(parts)
+            x = self.post[il](x, o)
+        return x

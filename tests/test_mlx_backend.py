@@ -1,0 +1,351 @@
+"""Tests of the MLX backend (llmedge.backends.mlx), on MLX's CPU build here and Apple's GPU on a Mac.
+
+Oracles: ``llmedge.quant``'s NumPy dequantization (every exact mapping must dequantize to it bit for
+bit), float64 products of the dequantized weights, the NumPy reference backend's float ops, and
+llama.cpp's logits and greedy continuations of the two real models (the fixtures the other backends
+meet), held to the MLX issue's tolerances: MLX multiplies float32 activations where llama.cpp
+quantizes them to Q8, so agreement is close, not bitwise. MLX's CPU build is slow (its quantized
+product is a per-row loop, its BLAS the reference one), so the real-model cases are a few short
+prompts, and chat, server and batching run a few cheap cases with ``--backend mlx``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import load_fixture, skip_or_fail
+from llmedge.backends import choose_backend
+from llmedge.backends.numpy_ref import NumpyBackend
+from llmedge.gguf import TensorInfo
+from llmedge.quant import GGMLQuantizationType as T
+from llmedge.quant import dequantize, quantize, traits
+
+try:
+    import mlx.core as mx
+
+    from llmedge.backends.mlx import MlxBackend, MlxWeight
+    from llmedge.backends.mlx_quant import MAPPINGS, REQUANTIZED
+except ImportError as e:  # pragma: no cover - the test setup installs mlx[cpu]
+    skip_or_fail(f"mlx is not importable: {e}")
+
+WEIGHT_TYPES = [
+    T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0,
+    T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS,
+]  # fmt: skip
+EXACT = set(MAPPINGS) | {T.F32, T.F16, T.BF16}
+# byte offsets of the f16 scales inside one block (ggml-common.h)
+F16_FIELDS = {
+    T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,),
+    T.IQ4_NL: (0,), T.IQ4_XS: (0,), T.Q8_0: (0,),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def be() -> MlxBackend:
+    return MlxBackend()
+
+
+def make_tensor(raw: np.ndarray, t: T, m: int, k: int, name: str = "w") -> TensorInfo:
+    flat = np.ascontiguousarray(raw).reshape(-1)
+    return TensorInfo(name=name, ggml_type=int(t), dims=(k, m), offset=0, n_bytes=flat.size, _buffer=flat)
+
+
+def random_weight(t: T, m: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Raw rows of type ``t``: quantized random data for the types llmedge.quant quantizes cheaply, else
+    random bits everywhere (every code, scale and min pattern) with moderate f16 scales."""
+    if t == T.F32:
+        return rng.standard_normal((m, k)).astype(np.float32).view(np.uint8)
+    if t in (T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1):
+        return quantize(rng.standard_normal((m, k)).astype(np.float32), t).reshape(m, -1)
+    tr = traits(t)
+    nb = m * k // tr.block_size
+    raw = rng.integers(0, 256, size=(nb, tr.type_size), dtype=np.uint8)
+    for off in F16_FIELDS[t]:
+        raw[:, off : off + 2] = rng.uniform(-0.05, 0.05, nb).astype(np.float16).view(np.uint8).reshape(nb, 2)
+    return raw.reshape(m, -1)
+
+
+def requantization_bound(wd: np.ndarray) -> np.ndarray:
+    """One step of MLX's 8-bit re-quantization of each 32-value group of ``wd``, per value (MLX
+    shifts its grid so that the group's larger-magnitude end is exact: the rest may be a step off)."""
+    g = wd.reshape(wd.shape[0], -1, 32)
+    step = (g.max(axis=-1) - g.min(axis=-1)) / 255.0
+    return np.repeat(step * 1.01 + 1e-12, 32, axis=1)
+
+
+# ----------------------------------------------------------------------------- weights
+
+
+@pytest.mark.parametrize("t", WEIGHT_TYPES, ids=lambda t: t.name)
+def test_weights_map_onto_mlx_exactly_where_the_math_is_exact(be: MlxBackend, t: T) -> None:
+    rng = np.random.default_rng(10 + int(t))
+    k = 512 if traits(t).block_size == 256 else 96
+    m = 33
+    raw = random_weight(t, m, k, rng)
+    w = be.prepare(make_tensor(raw, t, m, k, name=f"w{t.name}"))
+    assert isinstance(w, MlxWeight)
+    ids = np.array([0, 32, 7, 7, 16], dtype=np.int32)
+    ref = dequantize(raw, t, (m, k))
+    got = be.get_rows(w, ids)
+    if t in EXACT:
+        assert np.array_equal(got, ref[ids]), w.became  # equal values (a zero may differ in sign)
+        assert "exact" in w.became or "as stored" in w.became
+    else:
+        assert t in REQUANTIZED and "re-quantized" in w.became
+        assert np.all(np.abs(got - ref[ids]) <= requantization_bound(ref)[ids])
+    with pytest.raises(IndexError):
+        be.get_rows(w, np.array([m]))
+    assert be.weight_report()[f"w{t.name}"] == w.became
+
+
+@pytest.mark.parametrize("t", WEIGHT_TYPES, ids=lambda t: t.name)
+def test_matmul_matches_the_float64_product_of_the_dequantized_weights(be: MlxBackend, t: T) -> None:
+    rng = np.random.default_rng(100 + int(t))
+    k = 768 if traits(t).block_size == 256 else 352
+    m = 33
+    raw = random_weight(t, m, k, rng)
+    w = be.prepare(make_tensor(raw, t, m, k))
+    wd = dequantize(raw, t, (m, k)).astype(np.float64)
+    for n in (1, 7):
+        x = rng.standard_normal((n, k)).astype(np.float32)
+        out = be.matmul(x, w)
+        assert out.shape == (n, m) and out.dtype == np.float32
+        ref = x.astype(np.float64) @ wd.T
+        scale = np.abs(x).astype(np.float64) @ np.abs(wd).T
+        if t == T.F16:  # activations rounded to f16 for the f16 product, as ggml does
+            bound = 2.0**-10 * scale
+        elif t == T.BF16:
+            bound = 2.0**-7 * scale
+        elif t in EXACT:
+            bound = 2e-6 * scale + 1e-6
+        else:
+            bound = np.abs(x).astype(np.float64) @ requantization_bound(wd.astype(np.float32)).T + 2e-6 * scale
+        assert np.all(np.abs(out - ref) <= bound), (t.name, n, np.abs(out - ref).max())
+
+
+def test_tied_tensors_are_converted_once(be: MlxBackend) -> None:
+    raw = random_weight(T.Q8_0, 8, 64, np.random.default_rng(5))
+    info = make_tensor(raw, T.Q8_0, 8, 64)
+    assert be.prepare(info) is be.prepare(info)
+
+
+# ----------------------------------------------------------------------------- float ops
+
+
+def test_rms_norm_matches_reference(be: MlxBackend) -> None:
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((5, 3, 96)) * 4).astype(np.float32)
+    w = rng.standard_normal(96).astype(np.float32)
+    np.testing.assert_allclose(be.rms_norm(x, w, 1e-6), NumpyBackend().rms_norm(x, w, 1e-6), rtol=2e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("neox", [False, True], ids=["normal", "neox"])
+def test_rope_matches_reference_at_any_position(be: MlxBackend, neox: bool) -> None:
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((8, 3, 64)).astype(np.float32)
+    pos = np.array([0, 1, 2, 17, 300, 4095, 12000, -40], dtype=np.int32)  # negative: a context shift
+    for base, fscale in ((10000.0, 1.0), (1e6, 0.25)):
+        out = be.rope(x, pos, 48, base, fscale, neox)
+        ref = NumpyBackend().rope(x, pos, 48, base, fscale, neox)
+        # ggml advances the angle by repeated float32 products, MLX takes powers: the float32 angles
+        # of thousands of radians differ in their last bits (1e-3 at position 12000)
+        np.testing.assert_allclose(out, ref, rtol=0, atol=3e-3)
+        np.testing.assert_allclose(out[:4], ref[:4], rtol=0, atol=2e-5)
+        assert np.array_equal(out[..., 48:], x[..., 48:])
+
+
+@pytest.mark.parametrize("kv_dtype", [np.float16, np.float32], ids=["f16", "f32"])
+def test_attention_masks_gqa_window_softcap(be: MlxBackend, kv_dtype) -> None:
+    rng = np.random.default_rng(3)
+    t, n_kv, d = 40, 2, 64
+    k = rng.standard_normal((t, n_kv, d)).astype(kv_dtype)
+    v = rng.standard_normal((t, n_kv, d)).astype(kv_dtype)
+    k_pos = np.arange(t, dtype=np.int32)
+    k_pos[5] = -1  # an empty cell
+    ref_be = NumpyBackend()
+    for n, window, softcap in ((1, None, None), (6, None, None), (6, 9, None), (1, 7, 50.0), (4, None, 30.0)):
+        q = rng.standard_normal((n, 6, d)).astype(np.float32)
+        q_pos = np.arange(t - n, t, dtype=np.int32)
+        out = be.attention(q, k, v, q_pos, k_pos, 0.125, window, softcap)
+        ref = ref_be.attention(q, k, v, q_pos, k_pos, 0.125, window, softcap)
+        # the reference rounds q and p to f16 for an f16 cache, as ggml does; MLX stays in float32
+        bound = 2e-5 + (2.0**-9 * np.abs(v.astype(np.float32)).max() if kv_dtype == np.float16 else 0)
+        assert np.all(np.abs(out - ref) <= bound), (n, window, softcap)
+    empty = be.attention(q, k, v, np.full(4, -5, np.int32), k_pos, 0.125)
+    assert np.array_equal(empty, np.zeros_like(empty))
+
+
+@pytest.mark.parametrize("kind", ["silu", "gelu"])
+def test_glu_matches_reference(be: MlxBackend, kind: str) -> None:
+    rng = np.random.default_rng(4)
+    g = (rng.standard_normal((3, 1001)) * 4).astype(np.float32)
+    u = rng.standard_normal((3, 1001)).astype(np.float32)
+    # ggml's GELU goes through an f16 table: a few f16 ulps from the float32 formula
+    np.testing.assert_allclose(be.glu(g, u, kind), NumpyBackend().glu(g, u, kind),
+                               rtol=4e-3 if kind == "gelu" else 2e-6, atol=2e-3 if kind == "gelu" else 1e-6)
+
+
+def test_backend_is_chosen_by_name_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert choose_backend("mlx") == ("mlx", "requested")
+    monkeypatch.setenv("LLMEDGE_BACKEND", "mlx")
+    name, why = choose_backend("auto")
+    assert name == "mlx" and "LLMEDGE_BACKEND" in why
+    assert MlxBackend().device == ("gpu" if mx.default_device() == mx.gpu else "cpu")
+
+
+# ----------------------------------------------------------------------------- the real models
+
+_LOADED: dict[str, object] = {}
+
+
+def _mlx_model(paths: dict[str, Path], name: str):
+    import llmedge
+
+    if name not in _LOADED:
+        _LOADED[name] = llmedge.load(str(paths[name]), backend="mlx", n_ctx=1024)
+    return _LOADED[name]
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    m = x.max(axis=-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
+
+
+# a few short prompts per model: MLX's CPU build evaluates prompts row by row
+LOGIT_CASES = {"smollm2": ["prose", "chat", "one_word"], "gemma3": ["prose", "chat", "one_word"]}
+
+
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_logits_agree_with_llamacpp(name: str, model_paths: dict[str, Path]) -> None:
+    model = _mlx_model(model_paths, name)
+    fx = load_fixture(f"llamacpp_{name}.json")
+    diffs, flips, checked = [], [], 0
+    for c in fx["logits"]:
+        if c["name"] not in LOGIT_CASES[name]:
+            continue
+        mine = log_softmax(model.logits(c["ids"]))
+        top_ids = np.asarray(c["top_ids"])
+        my_lp = np.take_along_axis(mine, top_ids, axis=1)
+        diffs.extend(np.abs(my_lp[:, 0] - np.asarray(c["top_logprobs"])[:, 0]))
+        sure = (np.asarray(c["margin"]) > 0.5) & ~np.asarray(c["own_flip"])
+        checked += int(sure.sum())
+        flips.extend((c["name"], int(i)) for i in np.nonzero(sure & (mine.argmax(axis=1) != top_ids[:, 0]))[0])
+    assert checked >= 18
+    assert flips == [], f"top-1 differs where llama.cpp's margin > 0.5: {flips}"
+    assert np.median(diffs) <= 0.08, np.median(diffs)
+
+
+@pytest.mark.parametrize(("name", "case"), [("smollm2", "prose"), ("gemma3", "chat")])
+def test_greedy_continuation_agrees_with_llamacpp(name: str, case: str, model_paths: dict[str, Path]) -> None:
+    model = _mlx_model(model_paths, name)
+    g = next(g for g in load_fixture(f"llamacpp_{name}.json")["greedy"] if g["name"] == case)
+    n = next((i for i, m in enumerate(g["margins"]) if m < 0.1), len(g["tokens"]))  # up to the first near-tie
+    n = min(n, 8)
+    mine = [c.token for c in model.generate(g["prompt_ids"], temperature=0, max_tokens=n)]
+    assert mine == g["tokens"][:n]
+
+
+def test_op_by_op_path_equals_the_fused_stack(model_paths) -> None:
+    """A layer spec the stack does not know makes it decline: the protocol's ops then run the same
+    model (each op a separate evaluation) to the same logits."""
+    m = _mlx_model(model_paths, "smollm2")
+    ids = m.tokenize("The capital of France is", add_bos=True)
+    fused = m.logits(ids)
+    stack, m.model._mlx_stack = m.model._mlx_stack, False
+    try:
+        op_by_op = m.logits(ids)
+    finally:
+        m.model._mlx_stack = stack
+    np.testing.assert_allclose(op_by_op, fused, rtol=0, atol=2e-3 * np.abs(fused).max())
+    assert (op_by_op.argmax(axis=1) == fused.argmax(axis=1)).all()
+
+
+def test_after_a_context_shift_logits_equal_a_fresh_evaluation(smollm2_path: Path) -> None:
+    """The shifted keys are re-rotated by the MLX RoPE at negative offsets: the logits after the shift
+    equal those of a cache built fresh at the new distances (the relative-position property)."""
+    from test_engine import shifted_and_reference, text_ids
+
+    from llmedge.api import Model
+
+    m = Model(smollm2_path, backend="mlx", n_ctx=64, kv_type="f32", n_batch=32)
+    ids = text_ids(m, 0, 36)
+    got, want = shifted_and_reference(m, ids, 30, 4, 12, ids[30:33])
+    assert np.abs(log_softmax(got) - log_softmax(want)).max() <= 2e-3
+    assert (got.argmax(axis=1) == want.argmax(axis=1)).all()
+
+
+# ----------------------------------------------------------------------------- chat, server, batching
+
+
+def test_cli_run_and_show_with_backend_mlx(smollm2_path: Path, model_paths, tmp_path: Path) -> None:
+    model = _mlx_model(model_paths, "smollm2")
+    want = "".join(c.text for c in model.generate("Say hi.", temperature=0, max_tokens=4)) + "\n"
+    env = {**os.environ, "LLMEDGE_MODELS": str(tmp_path / "store")}
+    r = subprocess.run([sys.executable, "-m", "llmedge.cli.main", "run", str(smollm2_path), "Say hi.",
+                        "--backend", "mlx", "--temperature", "0", "--num-predict", "4"],
+                       capture_output=True, text=True, env=env, timeout=300, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == want
+    r = subprocess.run([sys.executable, "-m", "llmedge.cli.main", "show", str(smollm2_path), "--backend", "mlx"],
+                       capture_output=True, text=True, env=env, timeout=300, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr
+    assert "mlx (requested)" in r.stdout
+    assert "Q4_1 -> affine q4 g32 (exact) x210, Q8_0 -> affine q8 g32 (exact) x1" in r.stdout
+
+
+def test_chat_session_answers_on_mlx(model_paths, tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from llmedge.cli.chat import ChatSession
+
+    model = _mlx_model(model_paths, "smollm2")
+    out = io.StringIO()
+    s = ChatSession(model, Console(file=out, width=100, color_system=None), sessions=tmp_path / "s", out=out)
+    s.handle("/set parameter temperature 0")
+    s.handle("/set parameter num_predict 6")
+    s.handle("What is the capital of France?")
+    want = "".join(c.text for c in model.chat([{"role": "user", "content": "What is the capital of France?"}],
+                                              temperature=0, max_tokens=6))
+    assert want.strip() and want.strip() in out.getvalue()
+    assert [m["role"] for m in s.conversation()] == ["user", "assistant"]
+
+
+def test_server_batches_mlx_sequences_as_they_run_alone(model_paths, store_root: Path) -> None:  # noqa: F811
+    import httpx
+    from test_server_api import MODEL, running_server
+    from test_server_batching import metric
+
+    from llmedge.sampling import Sampler, SamplingOptions
+
+    prompts = ["The capital of France is", "def fibonacci(n):"]
+    with running_server(parallel=2, max_queue=4, backend="mlx") as base:
+        def ask(p: str) -> dict:
+            r = httpx.post(base + "/api/generate", timeout=300, json={
+                "model": MODEL, "prompt": p, "raw": True, "stream": False,
+                "options": {"temperature": 0, "num_predict": 6}})
+            assert r.status_code == 200, r.text
+            return r.json()
+
+        with ThreadPoolExecutor(2) as ex:
+            got = list(ex.map(ask, prompts))
+        batch = metric(base, "llmedge_engine_sequence_steps_total") / metric(base, "llmedge_engine_steps_total")
+    assert batch > 1.2, batch  # the two sequences were advanced together
+    m = _mlx_model(model_paths, "smollm2")
+    for prompt, r in zip(prompts, got):
+        m.engine.cache.clear()
+        m.engine.prefix_cache.clear()
+        ids = m.tokenize(prompt, add_bos=True, special=True)
+        want = [c.token for c in m.engine.generate(ids, Sampler(SamplingOptions(temperature=0)), 6)]
+        assert r["context"] == ids + want, prompt
+
+
+from test_server_api import store_root  # noqa: E402, F401  (fixture)
