@@ -23,6 +23,7 @@ from typing import Literal
 import numpy as np
 from gguf.constants import GGMLQuantizationType as T
 
+from .kquants import KQUANT_ENCODERS
 from .layout import BLOCK_SIZES, as_ggml_type, row_nbytes
 
 __all__ = ["QUANTIZABLE", "Variant", "fp32_to_bf16_bits", "fp32_to_fp16_bits", "quantize", "quantizer"]
@@ -164,8 +165,11 @@ _KERNELS: dict[T, Callable[[np.ndarray, Variant], np.ndarray]] = {
     T.Q8_K: _q8_k,
 }
 
+_SEARCHING: dict[T, Callable[..., np.ndarray]] = {T[name]: fn for name, (_, fn) in KQUANT_ENCODERS.items()}
+_CHUNK_VALUES = 1 << 20  # values encoded per NumPy pass of a searching quantizer (bounds temporaries)
+
 #: Every type :func:`quantize` accepts.
-QUANTIZABLE: frozenset[T] = frozenset({T.F32, T.F16, T.BF16, *_KERNELS})
+QUANTIZABLE: frozenset[T] = frozenset({T.F32, T.F16, T.BF16, *_KERNELS, *_SEARCHING})
 
 
 def quantize(x: np.ndarray, ggml_type: T | int | str, variant: Variant = "ref") -> np.ndarray:
@@ -190,9 +194,20 @@ def quantize(x: np.ndarray, ggml_type: T | int | str, variant: Variant = "ref") 
         return np.ascontiguousarray(fp32_to_fp16_bits(x)).view(np.uint8).reshape(out_shape)
     if gt == T.BF16:
         return np.ascontiguousarray(fp32_to_bf16_bits(x)).view(np.uint8).reshape(out_shape)
-    block, _ = BLOCK_SIZES[gt]
+    block, size = BLOCK_SIZES[gt]
     xb = np.ascontiguousarray(x).reshape(-1, block)
+    if gt in _SEARCHING:
+        return _encode_chunked(_SEARCHING[gt], xb, size).reshape(out_shape)
     return _KERNELS[gt](xb, variant).reshape(out_shape)
+
+
+def _encode_chunked(fn: Callable[..., np.ndarray], xb: np.ndarray, size: int) -> np.ndarray:
+    out = np.empty((len(xb), size), np.uint8)
+    step = max(1, _CHUNK_VALUES // xb.shape[1])
+    with np.errstate(all="ignore"):
+        for i in range(0, len(xb), step):
+            out[i : i + step] = fn(xb[i : i + step])
+    return out
 
 
 def quantizer(ggml_type: T | int | str) -> Callable[[np.ndarray], np.ndarray] | None:
