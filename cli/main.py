@@ -9,6 +9,7 @@ import typer
 
 from llmedge.cli import bench as bench_cmd
 from llmedge.cli import models as models_cmds
+from llmedge.cli import quantize as quantize_cmd
 from llmedge.cli import run as run_cmd
 from llmedge.cli import serve as serve_cmd
 from llmedge.cli import tools as tools_cmds
@@ -31,6 +32,7 @@ app.command("cp")(models_cmds.cp)
 app.command("tokenize")(tools_cmds.tokenize)
 app.command("bench")(bench_cmd.bench)
 app.command("perplexity")(tools_cmds.perplexity)
+app.command("quantize")(quantize_cmd.quantize)
 
 
 def main() -> None:

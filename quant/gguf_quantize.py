@@ -1,0 +1,197 @@
+"""Quantize a GGUF file to another GGUF file, byte for byte as ``llama_model_quantize`` writes it.
+
+This module owns the file-level driver of ``llmedge quantize``: reading the input (memory-mapped,
+one tensor at a time), asking :mod:`.mix` for every tensor's type, encoding with
+:func:`.quantize.quantize`, and writing the output in llama.cpp's layout:
+
+- the input's key/value pairs copied byte for byte in their order, minus ``split.*``,
+  ``general.quantization_version`` and ``general.file_type``, which are then appended (u32 2 and
+  the llama ftype);
+- the tensors ordered like llama.cpp's model loader (block number, then name), each tensor info
+  written with ggml's ``n_dims`` (trailing 1s dropped), data aligned to 32 bytes with zero padding.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFReader
+from gguf.constants import GGMLQuantizationType as T
+
+from .dequant import dequantize
+from .layout import row_nbytes
+from .mix import FTYPES, MixParams, ModelInfo, TypePlanner, tensor_order_key
+from .quantize import QUANTIZABLE, quantize
+
+__all__ = ["QuantizeResult", "quantize_gguf"]
+
+ALIGNMENT = 32
+GGML_QNT_VERSION = 2
+_DROPPED_KEYS = ("general.quantization_version", "general.file_type", "split.no", "split.count", "split.tensors.count")
+_ROWS_PER_PASS_VALUES = 1 << 22  # values dequantized and re-encoded per pass (bounds memory)
+
+
+@dataclass
+class QuantizeResult:
+    """What a run did: tensors and their chosen types, sizes in bytes, seconds spent."""
+
+    types: dict[str, T]
+    size_in: int
+    size_out: int
+    seconds: float
+    n_fallback: int
+
+
+@dataclass
+class _Tensor:
+    name: str
+    ggml_type: T
+    ne: list[int]
+    raw: np.ndarray
+
+    @property
+    def n_dims(self) -> int:
+        return max([i + 1 for i, d in enumerate(self.ne) if d != 1], default=1)
+
+
+def _model_info(reader: GGUFReader) -> ModelInfo:
+    def get(key: str, default: int = 0) -> int:
+        f = reader.fields.get(key)
+        if f is None or not f.data:
+            return default
+        return int(f.parts[f.data[0]][0])
+
+    arch_field = reader.fields.get("general.architecture")
+    if arch_field is None:
+        raise ValueError("not a model file: general.architecture is missing")
+    arch = bytes(arch_field.parts[arch_field.data[0]]).decode("utf-8")
+    n_head = get(f"{arch}.attention.head_count")
+    return ModelInfo(
+        arch=arch,
+        n_layer=get(f"{arch}.block_count"),
+        n_head=n_head,
+        n_head_kv=get(f"{arch}.attention.head_count_kv", n_head),
+        n_expert=get(f"{arch}.expert_count"),
+    )
+
+
+def _kv_bytes(reader: GGUFReader) -> tuple[list[bytes], int]:
+    out = []
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name in _DROPPED_KEYS:
+            continue
+        out.append(b"".join(p.tobytes() for p in field.parts))
+    return out, len(out)
+
+
+def _u32_kv(key: str, value: int) -> bytes:
+    k = key.encode("utf-8")
+    return struct.pack("<Q", len(k)) + k + struct.pack("<II", 4, value)
+
+
+def _tensors(reader: GGUFReader) -> list[_Tensor]:
+    out = []
+    for t in reader.tensors:
+        gt = T(int(t.tensor_type))
+        ne = [int(d) for d in t.shape]
+        out.append(_Tensor(t.name, gt, ne, np.asarray(t.data).reshape(-1).view(np.uint8)))
+    out.sort(key=lambda t: tensor_order_key(t.name))
+    return out
+
+
+def _nbytes(t: T, ne: list[int]) -> int:
+    rows = 1
+    for d in ne[1:]:
+        rows *= d
+    return rows * row_nbytes(t, ne[0])
+
+
+def _pad(n: int) -> int:
+    return (n + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+
+
+def _tensor_info(name: str, ne: list[int], n_dims: int, t: T, offset: int) -> bytes:
+    b = name.encode("utf-8")
+    dims = struct.pack(f"<{n_dims}Q", *ne[:n_dims])
+    return struct.pack("<Q", len(b)) + b + struct.pack("<I", n_dims) + dims + struct.pack("<IQ", int(t), offset)
+
+
+def _encode(t: _Tensor, new: T, write: Callable[[bytes], None]) -> None:
+    n = t.ne[0]
+    rows = len(t.raw) // row_nbytes(t.ggml_type, n)
+    src_row = row_nbytes(t.ggml_type, n)
+    step = max(1, _ROWS_PER_PASS_VALUES // n)
+    for r in range(0, rows, step):
+        k = min(step, rows - r)
+        x = dequantize(t.raw[r * src_row : (r + k) * src_row], t.ggml_type, (k, n))
+        write(quantize(x, new).tobytes())
+
+
+def _write(
+    dst: Path, header: bytes, tensors: list[_Tensor], types: dict[str, T], progress: Callable | None
+) -> int:
+    with open(dst, "wb") as f:
+        f.write(header + b"\0" * (_pad(len(header)) - len(header)))
+        for i, t in enumerate(tensors):
+            new = types[t.name]
+            if progress is not None:
+                progress(i, len(tensors), t.name, new)
+            start = f.tell()
+            if new == t.ggml_type:
+                f.write(t.raw.tobytes())
+            else:
+                _encode(t, new, f.write)
+            written = f.tell() - start
+            f.write(b"\0" * (_pad(written) - written))
+        return f.tell()
+
+
+def quantize_gguf(
+    src: str | Path,
+    dst: str | Path,
+    params: MixParams,
+    *,
+    allow_requantize: bool = False,
+    progress: Callable[[int, int, str, T], None] | None = None,
+) -> QuantizeResult:
+    """Write ``dst``: ``src`` quantized with llama-quantize's rules for ``params``.
+
+    Raises ``ValueError`` (one line) for what llama-quantize refuses: an unknown mix, a type
+    without an encoder here, requantizing a quantized tensor without ``allow_requantize``, a mix
+    that needs an importance matrix.
+    """
+    t0 = time.perf_counter()
+    reader = GGUFReader(str(src), "r")
+    tensors = _tensors(reader)
+    planner = TypePlanner(_model_info(reader), params, [t.name for t in tensors])
+    types: dict[str, T] = {}
+    for t in tensors:
+        new = planner.target_type(t.name, t.ggml_type, t.ne)
+        if planner.allows_quantization(t.name, t.n_dims) and planner.requires_imatrix(t.name, new):
+            raise ValueError(f"this quantization requires an importance matrix (tensor {t.name}, type {new.name})")
+        if new != t.ggml_type:
+            if new not in QUANTIZABLE:
+                raise ValueError(f"no encoder for type {new.name} (tensor {t.name})")
+            if t.ggml_type not in (T.F32, T.F16, T.BF16) and not allow_requantize:
+                raise ValueError(f"requantizing from type {t.ggml_type.name} is disabled (use --allow-requantize)")
+        types[t.name] = new
+
+    kvs, n_kv = _kv_bytes(reader)
+    kvs += [_u32_kv("general.quantization_version", GGML_QNT_VERSION), _u32_kv("general.file_type", FTYPES[params.ftype][0])]
+    infos, offset = [], 0
+    for t in tensors:
+        infos.append(_tensor_info(t.name, t.ne, t.n_dims, types[t.name], offset))
+        offset += _pad(_nbytes(types[t.name], t.ne))
+    header = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), n_kv + 2) + b"".join(kvs) + b"".join(infos)
+    size_in = sum(len(t.raw) for t in tensors)
+    try:
+        size_out = _write(Path(dst), header, tensors, types, progress)
+    except BaseException:
+        Path(dst).unlink(missing_ok=True)
+        raise
+    return QuantizeResult(types, size_in, size_out, time.perf_counter() - t0, planner.n_fallback)
