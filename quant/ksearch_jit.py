@@ -36,6 +36,12 @@ def nearest_int(fv: float) -> int:
     return (np.int64(abs(fr) * 16777216.0) & 0x7FFFFF) - 0x400000
 
 
+@njit(cache=True, inline="always")
+def _ni(fv: float) -> int:
+    """``nearest_int`` for |fv| <= 2^22 (where ggml asserts it is used): the float add rounds."""
+    return np.int64(fv + _MAGIC) - 12582912
+
+
 @njit(cache=True)
 def _qkx2_block(x, w, nmax, rmin, rdelta, nstep, use_mad, L, Laux):  # noqa: ANN001, ANN202
     n = x.shape[0]
@@ -61,7 +67,7 @@ def _qkx2_block(x, w, nmax, rmin, rdelta, nstep, use_mad, L, Laux):  # noqa: ANN
     scale = f4(1) / iscale
     best = f4(0)
     for i in range(n):
-        L[i] = max(0, min(nmax, nearest_int(iscale * (x[i] - mn))))
+        L[i] = max(0, min(nmax, _ni(iscale * (x[i] - mn))))
         diff = scale * f4(L[i]) + mn - x[i]
         diff = abs(diff) if use_mad else diff * diff
         best += w[i] * diff
@@ -71,7 +77,7 @@ def _qkx2_block(x, w, nmax, rmin, rdelta, nstep, use_mad, L, Laux):  # noqa: ANN
         sl2 = f4(0)
         sxl = f4(0)
         for i in range(n):
-            q = max(0, min(nmax, nearest_int(iscale * (x[i] - mn))))
+            q = max(0, min(nmax, _ni(iscale * (x[i] - mn))))
             Laux[i] = q
             wl = w[i] * f4(q)
             sl += wl
@@ -129,7 +135,7 @@ def _qx_trial(x, w, nmax, iscale, L):  # noqa: ANN001, ANN202
     sumlx = f4(0)
     suml2 = f4(0)
     for i in range(x.shape[0]):
-        q = max(-nmax, min(nmax - 1, nearest_int(iscale * x[i])))
+        q = max(-nmax, min(nmax - 1, _ni(iscale * x[i])))
         L[i] = q + nmax
         lf = f4(q)
         sumlx += w[i] * x[i] * lf
@@ -209,18 +215,11 @@ def make_q3(x, nmax):  # noqa: ANN001, ANN201
 
 @njit(cache=True)
 def best_index_iq4nl(v):  # noqa: ANN001, ANN201
-    if v <= _KV[0]:
-        return 0
-    if v >= _KV[15]:
-        return 15
-    lo = 0
-    hi = 15
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if v < _KV[mid]:
-            hi = mid
-        else:
-            lo = mid
+    # ggml bisects; counting the table values <= v finds the same bracket without branches
+    hi = 0
+    for k in range(16):
+        hi += v >= _KV[k]
+    hi = min(max(hi, 1), 15)
     return hi - 1 if v - _KV[hi - 1] < _KV[hi] - v else hi
 
 

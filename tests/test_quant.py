@@ -289,6 +289,21 @@ def test_quantize_equals_llamacpp_reference(t: T, llamacpp: dict) -> None:
         assert np.array_equal(got[r], expected[r]), f"{t.name} input row {r}"
 
 
+@pytest.mark.parametrize("backend", ["numba", "numpy"])
+@pytest.mark.parametrize("t", [t for t in WEIGHT_TYPES if t != T.F32], ids=lambda t: t.name)
+def test_quantize_equals_llamacpp_quantize_chunk(t: T, backend: str, llamacpp: dict) -> None:
+    # ggml_quantize_chunk without imatrix: what llama-quantize writes (the searching K-quant and
+    # IQ4 encoders included); the Numba and NumPy searches must both give its bytes.
+    from llmedge.quant.kquants import search_backend
+
+    x = llamacpp["finite"]
+    with np.errstate(over="ignore"), search_backend(backend):
+        got = quantize(x, t)
+    expected = llamacpp["out"][f"chunk_{t.name}"].reshape(got.shape)
+    for r in range(len(x)):
+        assert np.array_equal(got[r], expected[r]), f"{t.name} input row {r}"
+
+
 @pytest.mark.parametrize("t", [T.Q8_0, T.Q8_1, T.Q8_K], ids=lambda t: t.name)
 def test_quantize_x86_variant_equals_llamacpp_cpu_from_float(t: T, llamacpp: dict) -> None:
     # The fixture's *_cpu bytes come from ggml-cpu's SIMD from_float on the machine that made it.
