@@ -22,7 +22,7 @@ import numpy as np
 
 from .quantize_common import F32, f16_bits, f16_round, first_abs_max, nearest_int, pack_bits, seqsum
 
-__all__ = ["KQUANT_ENCODERS", "KVALUES_IQ4NL", "search_backend"]
+__all__ = ["KQUANT_ENCODERS", "KVALUES_IQ4NL", "LEGACY_WEIGHTED", "search_backend"]
 
 _BACKEND = {"name": "numba"}
 
@@ -257,25 +257,77 @@ def _k_scale_min(xb: np.ndarray, qw: np.ndarray | None, nmax: int, rmin: float, 
     """Q4_K / Q5_K: searched scales and mins of the eight 32-blocks, quantized to 6 bits."""
     S = len(xb)
     xs = xb.reshape(S * 8, 32)
-    sum_x2 = seqsum(xs * xs)
-    av_x = np.sqrt(sum_x2 / F32(32))
-    if qw is not None:
-        raise NotImplementedError("Q4_K / Q5_K with an importance matrix")
-    w = av_x[:, None] + np.abs(xs)
-    scales, mins, L = make_qkx2(xs, w, nmax, rmin, 0.1, nstep, False)
-    scales, mins = scales.reshape(S, 8), mins.reshape(S, 8)
-    max_scale, max_min = _positive_max(scales), _positive_max(mins)
-    inv_scale = np.where(max_scale > 0, F32(63) / max_scale, F32(0))
-    inv_min = np.where(max_min > 0, F32(63) / max_min, F32(0))
-    ls = np.minimum(nearest_int(inv_scale[:, None] * scales) & 0xFF, 63).astype(np.uint8)
-    lm = np.minimum(nearest_int(inv_min[:, None] * mins) & 0xFF, 63).astype(np.uint8)
-    d = f16_round(max_scale / F32(63))
-    dmin = f16_round(max_min / F32(63))
+    if qw is None:
+        av_x = np.sqrt(seqsum(xs * xs) / F32(32))
+        w = av_x[:, None] + np.abs(xs)
+        scales, mins, L = make_qkx2(xs, w, nmax, rmin, 0.1, nstep, False)
+        scales, mins = scales.reshape(S, 8), mins.reshape(S, 8)
+        max_scale, max_min = _positive_max(scales), _positive_max(mins)
+        inv_scale = np.where(max_scale > 0, F32(63) / max_scale, F32(0))
+        inv_min = np.where(max_min > 0, F32(63) / max_min, F32(0))
+        ls = np.minimum(nearest_int(inv_scale[:, None] * scales) & 0xFF, 63).astype(np.uint8)
+        lm = np.minimum(nearest_int(inv_min[:, None] * mins) & 0xFF, 63).astype(np.uint8)
+        d = f16_round(max_scale / F32(63))
+        dmin = f16_round(max_min / F32(63))
+    else:  # quantize_row_q{4,5}_K_impl
+        w = _imatrix_weights(xb, qw, 2, 32)
+        sw = seqsum(w).reshape(S, 8)
+        scales, mins, L = make_qkx2(xs, w, nmax, -0.9, 0.05, 36, False)
+        d_block, ls = make_qp(scales.reshape(S, 8), 63, sw)
+        m_block, lm = make_qp(mins.reshape(S, 8), 63, sw)
+        ls, lm = np.minimum(ls, 63).astype(np.uint8), np.minimum(lm, 63).astype(np.uint8)
+        d, dmin = f16_round(d_block), f16_round(m_block)
     dj = d[:, None] * ls.astype(F32)
     dmj = dmin[:, None] * lm.astype(F32)
     L = _requant(xb.reshape(S, 8, 32), dj, dmj, 0, nmax, L.reshape(S, 8, 32)).reshape(S, 256)
     head = np.concatenate([f16_bits(d), f16_bits(dmin), _pack_k4_scales(ls, lm)], axis=1)
     return head, L.astype(np.uint8)
+
+
+def _imatrix_weights(xb: np.ndarray, qw: np.ndarray, factor: int, block: int) -> np.ndarray:
+    """``qw * sqrtf(sigma2 + x*x)`` per sub-block [S * 256 / block, block], sigma2 per super-block."""
+    s2 = (F32(factor) * seqsum(xb * xb)) / F32(xb.shape[1])
+    xs = xb.reshape(-1, block)
+    return qw.reshape(-1, block) * np.sqrt(np.repeat(s2, xb.shape[1] // block)[:, None] + xs * xs)
+
+
+def make_qp(x: np.ndarray, nmax: int, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ggml's ``make_qp_quants`` on rows x [S, n] with weights w: (scale [S], L [S, n] as uint8 values)."""
+    mx = x.max(axis=1)
+    mx = np.where(mx > 0, mx, F32(0))
+    zero = mx < GROUP_MAX_EPS
+    safe = np.where(zero, F32(1), mx)
+    iscale = F32(nmax) / safe
+    L0 = nearest_int(iscale[:, None] * x) & 0xFF
+    diff = x - (F32(1) / iscale)[:, None] * L0.astype(F32)
+    best = seqsum(w * diff * diff)
+    for step in (-4, -3, -2, -1, 1, 2, 3, 4):
+        isc = (F32(0.1) * F32(step) + F32(nmax)) / safe
+        lf = np.minimum(nmax, nearest_int(isc[:, None] * x)).astype(F32)
+        diff = x - (F32(1) / isc)[:, None] * lf
+        mse = seqsum(w * diff * diff)
+        upd = mse < best
+        best = np.where(upd, mse, best)
+        iscale = np.where(upd, isc, iscale)
+    li = np.minimum(nmax, nearest_int(iscale[:, None] * x))
+    lf = li.astype(F32)
+    sumlx, suml2 = seqsum(w * x * lf), seqsum(w * lf * lf)
+    L = li & 0xFF
+    for _ in range(5):
+        for i in range(x.shape[1]):
+            wi, xi, li_f = w[:, i], x[:, i], L[:, i].astype(F32)
+            slx = sumlx - wi * xi * li_f
+            sl2 = suml2 - wi * li_f * li_f
+            new_l = np.minimum(nmax, nearest_int(xi * sl2 / slx))
+            nf = new_l.astype(F32)
+            slx2 = slx + wi * xi * nf
+            sl22 = sl2 + wi * nf * nf
+            upd = (slx > 0) & (sl2 > 0) & (new_l != L[:, i]) & (slx2 * slx2 * suml2 > sumlx * sumlx * sl22)
+            L[:, i] = np.where(upd, new_l & 0xFF, L[:, i])
+            sumlx = np.where(upd, slx2, sumlx)
+            suml2 = np.where(upd, sl22, suml2)
+    scale = np.where(suml2 > 0, sumlx / suml2, F32(0))
+    return np.where(zero, F32(0), scale), np.where(zero[:, None], 0, L)
 
 
 def sigma2(xb: np.ndarray, factor: int) -> np.ndarray:
@@ -298,11 +350,9 @@ def q5_k(xb: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
 
 
 def q6_k(xb: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
-    if qw is not None:
-        raise NotImplementedError("Q6_K with an importance matrix")
     S = len(xb)
     xs = xb.reshape(S * 16, 16)
-    scales, L = make_qx(xs, 32, None)
+    scales, L = make_qx(xs, 32, None if qw is None else qw.reshape(S * 16, 16))
     scales, L = scales.reshape(S, 16), L.reshape(S, 16, 16)
     amax, max_scale = first_abs_max(scales)
     zero = amax < GROUP_MAX_EPS
@@ -324,20 +374,27 @@ def q6_k(xb: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
 
 
 def q2_k(xb: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
-    if qw is not None:
-        raise NotImplementedError("Q2_K with an importance matrix")
     S = len(xb)
     xs = xb.reshape(S * 16, 16)
-    scales, mins, L = make_qkx2(xs, np.abs(xs), 3, -0.5, 0.1, 15, True)
-    scales, mins = scales.reshape(S, 16), mins.reshape(S, 16)
-    max_scale, max_min = _positive_max(scales), _positive_max(mins)
-    has_s, has_m = max_scale > 0, max_min > 0
-    iscale = F32(15) / np.where(has_s, max_scale, F32(1))
-    sc = np.where(has_s[:, None], nearest_int(iscale[:, None] * scales) & 0xFF, 0)
-    imin = F32(15) / np.where(has_m, max_min, F32(1))
-    sc = np.where(has_m[:, None], sc | ((nearest_int(imin[:, None] * mins) << 4) & 0xFF), sc).astype(np.uint8)
-    d = f16_round(np.where(has_s, max_scale / F32(15), F32(0)))
-    dmin = f16_round(np.where(has_m, max_min / F32(15), F32(0)))
+    if qw is None:
+        scales, mins, L = make_qkx2(xs, np.abs(xs), 3, -0.5, 0.1, 15, True)
+        scales, mins = scales.reshape(S, 16), mins.reshape(S, 16)
+        max_scale, max_min = _positive_max(scales), _positive_max(mins)
+        has_s, has_m = max_scale > 0, max_min > 0
+        iscale = F32(15) / np.where(has_s, max_scale, F32(1))
+        sc = np.where(has_s[:, None], nearest_int(iscale[:, None] * scales) & 0xFF, 0)
+        imin = F32(15) / np.where(has_m, max_min, F32(1))
+        sc = np.where(has_m[:, None], sc | ((nearest_int(imin[:, None] * mins) << 4) & 0xFF), sc).astype(np.uint8)
+        d = f16_round(np.where(has_s, max_scale / F32(15), F32(0)))
+        dmin = f16_round(np.where(has_m, max_min / F32(15), F32(0)))
+    else:  # quantize_row_q2_K_impl
+        w = _imatrix_weights(xb, qw, 1, 16)
+        sw = seqsum(w).reshape(S, 16)
+        scales, mins, L = make_qkx2(xs, w, 3, -0.9, 0.05, 36, False)
+        dm, ls = make_qp(scales.reshape(S, 16), 15, sw)
+        mm, lm = make_qp(mins.reshape(S, 16), 15, sw)
+        sc = ((ls | (lm << 4)) & 0xFF).astype(np.uint8)
+        d, dmin = f16_round(dm), f16_round(mm)
     dj = d[:, None] * (sc & 0xF).astype(F32)
     dmj = dmin[:, None] * (sc >> 4).astype(F32)
     L = _requant(xb.reshape(S, 16, 16), dj, dmj, 0, 3, L.reshape(S, 16, 16)).reshape(S, 256)
@@ -345,20 +402,25 @@ def q2_k(xb: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
 
 
 def q3_k(xb: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
-    if qw is not None:
-        raise NotImplementedError("Q3_K with an importance matrix")
     S = len(xb)
-    scales, L = make_q3(xb.reshape(S * 16, 16), 4)
-    scales, L = scales.reshape(S, 16), L.reshape(S, 16, 16)
-    amax, max_scale = first_abs_max(scales)
-    has = max_scale != 0
-    iscale = F32(-32) / np.where(has, max_scale, F32(1))
-    l6 = np.where(has[:, None], np.clip(((nearest_int(iscale[:, None] * scales) + 128) & 0xFF) - 128, -32, 31) + 32, 0)
+    if qw is None:
+        scales, L = make_q3(xb.reshape(S * 16, 16), 4)
+        scales, L = scales.reshape(S, 16), L.reshape(S, 16, 16)
+        amax, max_scale = first_abs_max(scales)
+        has = max_scale != 0
+        iscale = F32(-32) / np.where(has, max_scale, F32(1))
+        l6 = np.where(has[:, None], np.clip(((nearest_int(iscale[:, None] * scales) + 128) & 0xFF) - 128, -32, 31) + 32, 0)
+        d = f16_round(np.where(has, F32(1) / iscale, F32(0)))
+    else:  # quantize_row_q3_K_impl
+        w = _imatrix_weights(xb, qw, 2, 16)
+        scales, L = make_qx(xb.reshape(S * 16, 16), 4, w)
+        scales, L = scales.reshape(S, 16), L.reshape(S, 16, 16)
+        d_block, l6 = make_qx(scales, 32, seqsum(w).reshape(S, 16))
+        d = f16_round(d_block)
     sc = np.zeros((S, 12), np.uint8)
     sc[:, 0:8] = (l6[:, 0:8] & 0xF) | ((l6[:, 8:16] & 0xF) << 4)
     hi = l6 >> 4
     sc[:, 8:12] = hi[:, 0:4] | (hi[:, 4:8] << 2) | (hi[:, 8:12] << 4) | (hi[:, 12:16] << 6)
-    d = f16_round(np.where(has, F32(1) / iscale, F32(0)))
     dj = d[:, None] * (l6 - 32).astype(F32)
     L = (_requant(xb.reshape(S, 16, 16), dj, None, -4, 3, L - 4) + 4).reshape(S, 256).astype(np.uint8)
     hmask = pack_bits((L > 3).reshape(S, 8, 32))
@@ -396,6 +458,45 @@ def iq4_xs(xb: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
     lu8 = (lu & 0xF).astype(np.uint8)
     scales_l = lu8[:, 0::2] | (lu8[:, 1::2] << 4)
     return np.concatenate([f16_bits(d), scales_h.reshape(S, 1).view(np.uint8), scales_l, q4], axis=1)
+
+
+# ---- the legacy types with an importance matrix (quantize_row_q{4,5}_{0,1}_impl) ----------------
+
+
+def _q5_qh(L: np.ndarray) -> np.ndarray:
+    return np.packbits((L >> 4) & 1, axis=1, bitorder="little")
+
+
+def _nib32(L: np.ndarray) -> np.ndarray:
+    return (L[:, :16] & 0xF) | ((L[:, 16:] & 0xF) << 4)
+
+
+def q4_0_weighted(xb: np.ndarray, w: np.ndarray) -> np.ndarray:
+    d, L = make_qx(xb, 8, w)
+    return np.concatenate([f16_bits(d), _nib32(L.astype(np.uint8))], axis=1)
+
+
+def q5_0_weighted(xb: np.ndarray, w: np.ndarray) -> np.ndarray:
+    d, L = make_qx(xb, 16, w)
+    L = L.astype(np.uint8)
+    return np.concatenate([f16_bits(d), _q5_qh(L), _nib32(L)], axis=1)
+
+
+def q4_1_weighted(xb: np.ndarray, w: np.ndarray) -> np.ndarray:
+    d, the_min, L = make_qkx2(xb, w, 15, -0.9, 0.05, 36, False)
+    return np.concatenate([f16_bits(d), f16_bits(-the_min), _nib32(L.astype(np.uint8))], axis=1)
+
+
+def q5_1_weighted(xb: np.ndarray, w: np.ndarray) -> np.ndarray:
+    d, the_min, L = make_qkx2(xb, w, 31, -0.9, 0.05, 36, False)
+    L = L.astype(np.uint8)
+    return np.concatenate([f16_bits(d), f16_bits(-the_min), _q5_qh(L), _nib32(L)], axis=1)
+
+
+#: legacy type name -> encoder(blocks [B, 32], per-value weights [B, 32]) (weights: qw * sqrt(sigma2_row + x^2))
+LEGACY_WEIGHTED: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    "Q4_0": q4_0_weighted, "Q4_1": q4_1_weighted, "Q5_0": q5_0_weighted, "Q5_1": q5_1_weighted,
+}  # fmt: skip
 
 
 #: type name -> (block size, encoder(blocks [B, block], quant_weights or None) -> bytes [B, size])

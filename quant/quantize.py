@@ -23,8 +23,9 @@ from typing import Literal
 import numpy as np
 from gguf.constants import GGMLQuantizationType as T
 
-from .kquants import KQUANT_ENCODERS
+from .kquants import KQUANT_ENCODERS, LEGACY_WEIGHTED
 from .layout import BLOCK_SIZES, as_ggml_type, row_nbytes
+from .quantize_common import seqsum
 
 __all__ = ["QUANTIZABLE", "Variant", "fp32_to_bf16_bits", "fp32_to_fp16_bits", "quantize", "quantizer"]
 
@@ -172,12 +173,16 @@ _CHUNK_VALUES = 1 << 20  # values encoded per NumPy pass of a searching quantize
 QUANTIZABLE: frozenset[T] = frozenset({T.F32, T.F16, T.BF16, *_KERNELS, *_SEARCHING})
 
 
-def quantize(x: np.ndarray, ggml_type: T | int | str, variant: Variant = "ref") -> np.ndarray:
+def quantize(
+    x: np.ndarray, ggml_type: T | int | str, variant: Variant = "ref", quant_weights: np.ndarray | None = None
+) -> np.ndarray:
     """Encode float32 rows ``x`` [..., n] as type ``ggml_type``: uint8 [..., row_nbytes(n)].
 
     ``n`` must be a multiple of the block size. ``variant`` picks whose rounding to reproduce for
     the activation types Q8_0 and Q8_1: ``"ref"`` (``quantize_row_*_ref``, the default), ``"x86"``
-    or ``"arm"`` (ggml-cpu's SIMD ``from_float``); see the module docstring.
+    or ``"arm"`` (ggml-cpu's SIMD ``from_float``); see the module docstring. ``quant_weights``
+    (float32 [n], an importance-matrix row) selects ggml's weighted searches, as
+    ``ggml_quantize_chunk`` does when given one; types without a weighted search ignore it.
     """
     gt = as_ggml_type(ggml_type)
     if variant not in _VARIANTS:
@@ -195,10 +200,36 @@ def quantize(x: np.ndarray, ggml_type: T | int | str, variant: Variant = "ref") 
     if gt == T.BF16:
         return np.ascontiguousarray(fp32_to_bf16_bits(x)).view(np.uint8).reshape(out_shape)
     block, size = BLOCK_SIZES[gt]
+    if quant_weights is not None and (gt in _SEARCHING or gt.name in LEGACY_WEIGHTED):
+        return _quantize_weighted(np.ascontiguousarray(x).reshape(-1, x.shape[-1]), gt, quant_weights).reshape(out_shape)
     xb = np.ascontiguousarray(x).reshape(-1, block)
     if gt in _SEARCHING:
         return _encode_chunked(_SEARCHING[gt], xb, size).reshape(out_shape)
     return _KERNELS[gt](xb, variant).reshape(out_shape)
+
+
+def _quantize_weighted(x2: np.ndarray, gt: T, qw: np.ndarray) -> np.ndarray:
+    """Rows [r, n] with one importance row [n]; legacy types weight by the whole row's sigma2."""
+    rows, n = x2.shape
+    qw = np.ascontiguousarray(qw, dtype=np.float32).reshape(-1)
+    if len(qw) != n:
+        raise ValueError(f"importance row has {len(qw)} values for rows of {n}")
+    block, size = BLOCK_SIZES[gt]
+    out = np.empty((rows, row_nbytes(gt, n)), np.uint8)
+    step = max(1, _CHUNK_VALUES // n)
+    with np.errstate(all="ignore"):
+        for r in range(0, rows, step):
+            xc = x2[r : r + step]
+            xb = xc.reshape(-1, block)
+            qwb = np.broadcast_to(qw, xc.shape).reshape(-1, block)
+            if gt in _SEARCHING:
+                enc = _SEARCHING[gt](xb, qwb)
+            else:
+                s2 = seqsum(xc * xc) / np.float32(n)
+                w = qwb * np.sqrt(np.repeat(s2, n // block)[:, None] + xb * xb)
+                enc = LEGACY_WEIGHTED[gt.name](xb, w)
+            out[r : r + step] = enc.reshape(len(xc), -1)
+    return out
 
 
 def _encode_chunked(fn: Callable[..., np.ndarray], xb: np.ndarray, size: int) -> np.ndarray:
