@@ -13,6 +13,7 @@ one tensor at a time), asking :mod:`.mix` for every tensor's type, encoding with
 
 from __future__ import annotations
 
+import mmap
 import struct
 import time
 from collections.abc import Callable
@@ -20,8 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFReader
 from gguf.constants import GGMLQuantizationType as T
+
+from llmedge.gguf import GGUFFile
 
 from .dequant import dequantize
 from .layout import row_nbytes
@@ -59,17 +61,14 @@ class _Tensor:
         return max([i + 1 for i, d in enumerate(self.ne) if d != 1], default=1)
 
 
-def _model_info(reader: GGUFReader) -> ModelInfo:
+def _model_info(gf: GGUFFile) -> ModelInfo:
     def get(key: str, default: int = 0) -> int:
-        f = reader.fields.get(key)
-        if f is None or not f.data:
-            return default
-        return int(f.parts[f.data[0]][0])
+        v = gf.metadata.get(key, default)
+        return int(v[0]) if isinstance(v, np.ndarray | list) else int(v)
 
-    arch_field = reader.fields.get("general.architecture")
-    if arch_field is None:
+    arch = gf.metadata.get("general.architecture")
+    if not isinstance(arch, str):
         raise ValueError("not a model file: general.architecture is missing")
-    arch = bytes(arch_field.parts[arch_field.data[0]]).decode("utf-8")
     n_head = get(f"{arch}.attention.head_count")
     return ModelInfo(
         arch=arch,
@@ -80,13 +79,45 @@ def _model_info(reader: GGUFReader) -> ModelInfo:
     )
 
 
-def _kv_bytes(reader: GGUFReader) -> tuple[list[bytes], int]:
-    out = []
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name in _DROPPED_KEYS:
-            continue
-        out.append(b"".join(p.tobytes() for p in field.parts))
+_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_STRING, _ARRAY = 8, 9
+
+
+def _kv_bytes(buf: memoryview) -> tuple[list[bytes], int]:
+    """The raw bytes of every key/value pair of a GGUF header (v3), in order, minus the dropped keys."""
+    (n_kv,) = struct.unpack_from("<Q", buf, 16)
+    pos, out = 24, []
+    for _ in range(n_kv):
+        start = pos
+        (n,) = struct.unpack_from("<Q", buf, pos)
+        key = bytes(buf[pos + 8 : pos + 8 + n]).decode("utf-8")
+        pos += 8 + n
+        (vtype,) = struct.unpack_from("<I", buf, pos)
+        pos = _skip_value(buf, pos + 4, vtype)
+        if key not in _DROPPED_KEYS:
+            out.append(bytes(buf[start:pos]))
     return out, len(out)
+
+
+def _skip_value(buf: memoryview, pos: int, vtype: int) -> int:
+    if vtype == _STRING:
+        return pos + 8 + struct.unpack_from("<Q", buf, pos)[0]
+    if vtype != _ARRAY:
+        return pos + _SCALAR_SIZES[vtype]
+    etype, count = struct.unpack_from("<IQ", buf, pos)
+    pos += 12
+    if etype != _STRING:
+        return pos + count * _SCALAR_SIZES[etype] if etype != _ARRAY else _skip_arrays(buf, pos, count)
+    unpack = struct.Struct("<Q").unpack_from
+    for _ in range(count):
+        pos += 8 + unpack(buf, pos)[0]
+    return pos
+
+
+def _skip_arrays(buf: memoryview, pos: int, count: int) -> int:
+    for _ in range(count):
+        pos = _skip_value(buf, pos, _ARRAY)
+    return pos
 
 
 def _u32_kv(key: str, value: int) -> bytes:
@@ -94,12 +125,8 @@ def _u32_kv(key: str, value: int) -> bytes:
     return struct.pack("<Q", len(k)) + k + struct.pack("<II", 4, value)
 
 
-def _tensors(reader: GGUFReader) -> list[_Tensor]:
-    out = []
-    for t in reader.tensors:
-        gt = T(int(t.tensor_type))
-        ne = [int(d) for d in t.shape]
-        out.append(_Tensor(t.name, gt, ne, np.asarray(t.data).reshape(-1).view(np.uint8)))
+def _tensors(gf: GGUFFile) -> list[_Tensor]:
+    out = [_Tensor(t.name, T(t.ggml_type), list(t.dims), t.data) for t in gf.tensors.values()]
     out.sort(key=lambda t: tensor_order_key(t.name))
     return out
 
@@ -166,9 +193,11 @@ def quantize_gguf(
     that needs an importance matrix.
     """
     t0 = time.perf_counter()
-    reader = GGUFReader(str(src), "r")
-    tensors = _tensors(reader)
-    planner = TypePlanner(_model_info(reader), params, [t.name for t in tensors])
+    gf = GGUFFile(src)
+    if gf.version != 3:
+        raise ValueError(f"GGUF version {gf.version} input is not supported (llama-quantize writes version 3)")
+    tensors = _tensors(gf)
+    planner = TypePlanner(_model_info(gf), params, [t.name for t in tensors])
     types: dict[str, T] = {}
     for t in tensors:
         new = planner.target_type(t.name, t.ggml_type, t.ne)
@@ -181,7 +210,12 @@ def quantize_gguf(
                 raise ValueError(f"requantizing from type {t.ggml_type.name} is disabled (use --allow-requantize)")
         types[t.name] = new
 
-    kvs, n_kv = _kv_bytes(reader)
+    with open(src, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        view = memoryview(mm)
+        try:
+            kvs, n_kv = _kv_bytes(view)
+        finally:
+            view.release()
     kvs += [_u32_kv("general.quantization_version", GGML_QNT_VERSION), _u32_kv("general.file_type", FTYPES[params.ftype][0])]
     infos, offset = [], 0
     for t in tensors:
