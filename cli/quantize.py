@@ -30,11 +30,15 @@ def quantize(
         list[str] | None,
         typer.Option("--tensor-type", help="PATTERN=TYPE: tensors whose name matches the regex get TYPE (repeatable)."),
     ] = None,
+    imatrix: Annotated[
+        str | None, typer.Option("--imatrix", help="An importance matrix (llama-imatrix GGUF or legacy .dat).")
+    ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No per-tensor lines.")] = False,
 ) -> None:
-    """Quantize a GGUF file, byte for byte like llama.cpp's llama-quantize (without an imatrix)."""
+    """Quantize a GGUF file, byte for byte like llama.cpp's llama-quantize."""
     from llmedge.errors import LlmedgeError
     from llmedge.quant.gguf_quantize import quantize_gguf
+    from llmedge.quant.imatrix import load_imatrix
     from llmedge.quant.mix import MixParams, ftype_from_name, parse_type
 
     try:
@@ -58,7 +62,11 @@ def quantize(
             sys.stderr.write(f"[{i + 1:4d}/{n:4d}] {name:<40} -> {getattr(t, 'name', t)}\n")
 
     try:
-        r = quantize_gguf(src, dst, params, allow_requantize=allow_requantize, progress=report)
+        im = {} if imatrix is None else {"imatrix": load_imatrix(imatrix), "imatrix_name": imatrix}
+    except (OSError, ValueError) as e:
+        raise LlmedgeError(f"cannot load imatrix {imatrix}: {e}") from None
+    try:
+        r = quantize_gguf(src, dst, params, allow_requantize=allow_requantize, progress=report, **im)
     except ValueError as e:
         raise LlmedgeError(str(e)) from None
     mib = 1024 * 1024

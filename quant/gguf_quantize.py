@@ -13,6 +13,7 @@ one tensor at a time), asking :mod:`.mix` for every tensor's type, encoding with
 
 from __future__ import annotations
 
+import dataclasses
 import mmap
 import struct
 import time
@@ -26,6 +27,7 @@ from gguf.constants import GGMLQuantizationType as T
 from llmedge.gguf import GGUFFile
 
 from .dequant import dequantize
+from .imatrix import ImatrixData
 from .layout import row_nbytes
 from .mix import FTYPES, MixParams, ModelInfo, TypePlanner, tensor_order_key
 from .quantize import QUANTIZABLE, quantize
@@ -83,7 +85,7 @@ _SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 1
 _STRING, _ARRAY = 8, 9
 
 
-def _kv_bytes(buf: memoryview) -> tuple[list[bytes], int]:
+def _kv_bytes(buf: memoryview) -> list[bytes]:
     """The raw bytes of every key/value pair of a GGUF header (v3), in order, minus the dropped keys."""
     (n_kv,) = struct.unpack_from("<Q", buf, 16)
     pos, out = 24, []
@@ -96,7 +98,7 @@ def _kv_bytes(buf: memoryview) -> tuple[list[bytes], int]:
         pos = _skip_value(buf, pos + 4, vtype)
         if key not in _DROPPED_KEYS:
             out.append(bytes(buf[start:pos]))
-    return out, len(out)
+    return out
 
 
 def _skip_value(buf: memoryview, pos: int, vtype: int) -> int:
@@ -118,6 +120,11 @@ def _skip_arrays(buf: memoryview, pos: int, count: int) -> int:
     for _ in range(count):
         pos = _skip_value(buf, pos, _ARRAY)
     return pos
+
+
+def _kv_key(kv: bytes) -> str:
+    (n,) = struct.unpack_from("<Q", kv, 0)
+    return kv[8 : 8 + n].decode("utf-8")
 
 
 def _u32_kv(key: str, value: int) -> bytes:
@@ -148,19 +155,49 @@ def _tensor_info(name: str, ne: list[int], n_dims: int, t: T, offset: int) -> by
     return struct.pack("<Q", len(b)) + b + struct.pack("<I", n_dims) + dims + struct.pack("<IQ", int(t), offset)
 
 
-def _encode(t: _Tensor, new: T, write: Callable[[bytes], None]) -> None:
+def _encode(t: _Tensor, new: T, write: Callable[[bytes], None], imatrix: np.ndarray | None) -> None:
     n = t.ne[0]
     rows = len(t.raw) // row_nbytes(t.ggml_type, n)
+    per_expert = t.ne[1] if len(t.ne) > 1 else 1
     src_row = row_nbytes(t.ggml_type, n)
     step = max(1, _ROWS_PER_PASS_VALUES // n)
-    for r in range(0, rows, step):
-        k = min(step, rows - r)
-        x = dequantize(t.raw[r * src_row : (r + k) * src_row], t.ggml_type, (k, n))
-        write(quantize(x, new).tobytes())
+    for e0 in range(0, rows, per_expert):  # an importance row per expert (3-D tensors)
+        qw = None if imatrix is None else imatrix[e0 // per_expert * n : (e0 // per_expert + 1) * n]
+        for r in range(e0, e0 + per_expert, step):
+            k = min(step, e0 + per_expert - r)
+            x = dequantize(t.raw[r * src_row : (r + k) * src_row], t.ggml_type, (k, n))
+            write(quantize(x, new, quant_weights=qw).tobytes())
+
+
+def _str_kv(key: str, value: str) -> bytes:
+    k, v = key.encode("utf-8"), value.encode("utf-8")
+    return struct.pack("<Q", len(k)) + k + struct.pack("<IQ", 8, len(v)) + v
+
+
+def _imatrix_rows(tensors: list[_Tensor], types: dict[str, T], imatrix: ImatrixData | None) -> dict[str, np.ndarray]:
+    """llama-quantize's lookup: the importance rows of each tensor that is re-encoded, checked."""
+    out: dict[str, np.ndarray] = {}
+    if imatrix is None:
+        return out
+    for t in tensors:
+        if types[t.name] == t.ggml_type or t.name not in imatrix.weights:
+            continue
+        w = imatrix.weights[t.name]
+        n_expert = t.ne[2] if len(t.ne) > 2 else 1
+        if len(w) == t.ne[0] * n_expert:
+            out[t.name] = w
+        elif t.name not in ("token_embd.weight", "per_layer_token_embd.weight"):
+            raise ValueError(f"imatrix size {len(w)} is different from tensor size {t.ne[0] * n_expert} for {t.name}")
+    return out
 
 
 def _write(
-    dst: Path, header: bytes, tensors: list[_Tensor], types: dict[str, T], progress: Callable | None
+    dst: Path,
+    header: bytes,
+    tensors: list[_Tensor],
+    types: dict[str, T],
+    progress: Callable | None,
+    imatrix_rows: dict[str, np.ndarray],
 ) -> int:
     with open(dst, "wb") as f:
         f.write(header + b"\0" * (_pad(len(header)) - len(header)))
@@ -172,7 +209,7 @@ def _write(
             if new == t.ggml_type:
                 f.write(t.raw.tobytes())
             else:
-                _encode(t, new, f.write)
+                _encode(t, new, f.write, imatrix_rows.get(t.name))
             written = f.tell() - start
             f.write(b"\0" * (_pad(written) - written))
         return f.tell()
@@ -184,6 +221,8 @@ def quantize_gguf(
     params: MixParams,
     *,
     allow_requantize: bool = False,
+    imatrix: ImatrixData | None = None,
+    imatrix_name: str = "",
     progress: Callable[[int, int, str, T], None] | None = None,
 ) -> QuantizeResult:
     """Write ``dst``: ``src`` quantized with llama-quantize's rules for ``params``.
@@ -197,11 +236,13 @@ def quantize_gguf(
     if gf.version != 3:
         raise ValueError(f"GGUF version {gf.version} input is not supported (llama-quantize writes version 3)")
     tensors = _tensors(gf)
+    if imatrix is not None:
+        params = dataclasses.replace(params, has_imatrix=True)
     planner = TypePlanner(_model_info(gf), params, [t.name for t in tensors])
     types: dict[str, T] = {}
     for t in tensors:
         new = planner.target_type(t.name, t.ggml_type, t.ne)
-        if planner.allows_quantization(t.name, t.n_dims) and planner.requires_imatrix(t.name, new):
+        if imatrix is None and planner.allows_quantization(t.name, t.n_dims) and planner.requires_imatrix(t.name, new):
             raise ValueError(f"this quantization requires an importance matrix (tensor {t.name}, type {new.name})")
         if new != t.ggml_type:
             if new not in QUANTIZABLE:
@@ -209,22 +250,31 @@ def quantize_gguf(
             if t.ggml_type not in (T.F32, T.F16, T.BF16) and not allow_requantize:
                 raise ValueError(f"requantizing from type {t.ggml_type.name} is disabled (use --allow-requantize)")
         types[t.name] = new
+    rows = _imatrix_rows(tensors, types, imatrix)
+    for t in tensors:
+        if types[t.name] != t.ggml_type and t.name not in rows and planner.requires_imatrix(t.name, types[t.name]):
+            raise ValueError(f"missing importance matrix for tensor {t.name} in a very low-bit quantization")
 
     with open(src, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
         view = memoryview(mm)
         try:
-            kvs, n_kv = _kv_bytes(view)
+            kvs = _kv_bytes(view)
         finally:
             view.release()
     kvs += [_u32_kv("general.quantization_version", GGML_QNT_VERSION), _u32_kv("general.file_type", FTYPES[params.ftype][0])]
+    if imatrix is not None:
+        extra = imatrix.metadata(imatrix_name)
+        keys = {k for k, _ in extra}
+        kvs = [kv for kv in kvs if _kv_key(kv) not in keys]
+        kvs += [_str_kv(k, v) if isinstance(v, str) else _u32_kv(k, v) for k, v in extra]
     infos, offset = [], 0
     for t in tensors:
         infos.append(_tensor_info(t.name, t.ne, t.n_dims, types[t.name], offset))
         offset += _pad(_nbytes(types[t.name], t.ne))
-    header = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), n_kv + 2) + b"".join(kvs) + b"".join(infos)
+    header = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(kvs)) + b"".join(kvs) + b"".join(infos)
     size_in = sum(len(t.raw) for t in tensors)
     try:
-        size_out = _write(Path(dst), header, tensors, types, progress)
+        size_out = _write(Path(dst), header, tensors, types, progress, rows)
     except BaseException:
         Path(dst).unlink(missing_ok=True)
         raise

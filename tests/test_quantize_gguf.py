@@ -18,13 +18,14 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from llmedge.quant.gguf_quantize import quantize_gguf
+from llmedge.quant.imatrix import load_imatrix
 from llmedge.quant.mix import MixParams, ModelInfo, TypePlanner, ftype_from_name, parse_type
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MIXES = json.loads((FIXTURES / "quantize_mixes_llamacpp.json").read_text(encoding="utf-8"))
 sys.path.insert(0, str(FIXTURES))
 
-from tiny_quant_model import write_tiny_llama  # noqa: E402
+from tiny_quant_model import write_tiny_imatrix, write_tiny_llama  # noqa: E402
 
 
 def sha256(path: Path) -> str:
@@ -39,15 +40,22 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         paths[dtype] = d / f"tiny-{dtype}.gguf"
         write_tiny_llama(paths[dtype], dtype)
         assert sha256(paths[dtype]) == MIXES["inputs_sha256"][dtype], "gguf writer output changed: remake fixtures"
+    for fmt, ext in (("gguf", "gguf"), ("legacy", "dat")):
+        write_tiny_imatrix(d / f"tiny-imatrix.{ext}", fmt)
+        assert sha256(d / f"tiny-imatrix.{ext}") == MIXES["inputs_sha256"][f"imatrix.{ext}"]
+    paths["dir"] = d
     return paths
 
 
-def params_from_options(mix: str, opts: list[str]) -> MixParams:
-    """The CLI's option parsing, repeated here so that each case runs in-process."""
+def params_from_options(mix: str, opts: list[str]) -> tuple[MixParams, str | None]:
+    """The CLI's option parsing, repeated here so that each case runs in-process (+ the imatrix name)."""
     p = MixParams(ftype=ftype_from_name(mix))
+    imatrix = None
     it = iter(opts)
     for o in it:
-        if o == "--pure":
+        if o == "--imatrix":
+            imatrix = next(it)
+        elif o == "--pure":
             p.pure = True
         elif o == "--leave-output-tensor":
             p.quantize_output_tensor = False
@@ -58,20 +66,21 @@ def params_from_options(mix: str, opts: list[str]) -> MixParams:
         elif o == "--tensor-type":
             pattern, _, t = next(it).partition("=")
             p.tensor_types.append((pattern.lower(), parse_type(t)))
-    return p
+    return p, imatrix
 
 
 @pytest.mark.parametrize("case", sorted(MIXES["cases"]))
 def test_quantize_file_equals_llama_model_quantize(case: str, tiny: dict[str, Path], tmp_path: Path) -> None:
     c = MIXES["cases"][case]
     out = tmp_path / "out.gguf"
-    params = params_from_options(c["type"], c["options"])
+    params, im_name = params_from_options(c["type"], c["options"])
+    im = {} if im_name is None else {"imatrix": load_imatrix(tiny["dir"] / im_name), "imatrix_name": im_name}
     if c.get("refused"):
         with pytest.raises(ValueError):
-            quantize_gguf(tiny[c["input"]], out, params)
+            quantize_gguf(tiny[c["input"]], out, params, **im)
         assert not out.exists()
         return
-    quantize_gguf(tiny[c["input"]], out, params)
+    quantize_gguf(tiny[c["input"]], out, params, **im)
     assert out.stat().st_size == c["size"]
     assert sha256(out) == c["sha256"]
 
