@@ -83,8 +83,22 @@ def _pack_nibbles(q: np.ndarray) -> np.ndarray:
     return (q[:, :16] & 0x0F) | (q[:, 16:] << 4)
 
 
+def _legacy_jit(variant: Variant):  # noqa: ANN202
+    """The Numba loops for ``_ref`` rounding when the searches run in Numba, else None."""
+    from .kquants import _jit
+
+    if variant != "ref" or _jit() is None:
+        return None
+    from . import legacy_jit
+
+    return legacy_jit
+
+
 def _q8_scaled(xb: np.ndarray, variant: Variant) -> tuple[np.ndarray, np.ndarray]:
     """Shared part of Q8_0/Q8_1: the block scale d and the rounded quants (int8)."""
+    jit = _legacy_jit(variant)
+    if jit is not None:
+        return jit.q8_0(xb)
     amax = np.abs(xb).max(axis=1)
     d = amax / _F32(127)
     if variant == "x86":
@@ -121,18 +135,34 @@ def _q8_k(xb: np.ndarray, variant: Variant) -> np.ndarray:
     return np.concatenate([d.reshape(n, 1).view(np.uint8), q.view(np.uint8), bsums.view(np.uint8)], axis=1)
 
 
-def _q4_0(xb: np.ndarray, variant: Variant) -> np.ndarray:
-    d = _abs_max_signed(xb) / _F32(-8)
+def _sym(xb: np.ndarray, variant: Variant, div: int, bias: float, top: int) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_0 / Q5_0: d = (signed absolute maximum) / div, q = min(top, trunc(x / d + bias))."""
+    jit = _legacy_jit(variant)
+    if jit is not None:
+        return jit.q_sym(xb, div, bias, top)
+    d = _abs_max_signed(xb) / _F32(div)
     v = xb * _inverse(d)[:, None]
-    q = np.minimum(np.trunc(v + _F32(8.5)), 15).astype(np.uint8)
+    return d, np.minimum(np.trunc(v + _F32(bias)), top).astype(np.uint8)
+
+
+def _asym(xb: np.ndarray, variant: Variant, div: int, top: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q4_1 / Q5_1: d = (max - min) / div, q = min(top, trunc((x - min) / d + 0.5))."""
+    jit = _legacy_jit(variant)
+    if jit is not None:
+        return jit.q_asym(xb, div, top)
+    mn = xb.min(axis=1)
+    d = (xb.max(axis=1) - mn) / _F32(div)
+    v = (xb - mn[:, None]) * _inverse(d)[:, None]
+    return d, mn, np.minimum(np.trunc(v + _F32(0.5)), top).astype(np.uint8)
+
+
+def _q4_0(xb: np.ndarray, variant: Variant) -> np.ndarray:
+    d, q = _sym(xb, variant, -8, 8.5, 15)
     return np.concatenate([_f16_bytes(d), _pack_nibbles(q)], axis=1)
 
 
 def _q4_1(xb: np.ndarray, variant: Variant) -> np.ndarray:
-    mn = xb.min(axis=1)
-    d = (xb.max(axis=1) - mn) / _F32(15)
-    v = (xb - mn[:, None]) * _inverse(d)[:, None]
-    q = np.minimum(np.trunc(v + _F32(0.5)), 15).astype(np.uint8)
+    d, mn, q = _asym(xb, variant, 15, 15)
     return np.concatenate([_f16_bytes(d), _f16_bytes(mn), _pack_nibbles(q)], axis=1)
 
 
@@ -142,17 +172,12 @@ def _q5_qh(q: np.ndarray) -> np.ndarray:
 
 
 def _q5_0(xb: np.ndarray, variant: Variant) -> np.ndarray:
-    d = _abs_max_signed(xb) / _F32(-16)
-    v = xb * _inverse(d)[:, None]
-    q = np.minimum(np.trunc(v + _F32(16.5)), 31).astype(np.uint8)
+    d, q = _sym(xb, variant, -16, 16.5, 31)
     return np.concatenate([_f16_bytes(d), _q5_qh(q), _pack_nibbles(q)], axis=1)
 
 
 def _q5_1(xb: np.ndarray, variant: Variant) -> np.ndarray:
-    mn = xb.min(axis=1)
-    d = (xb.max(axis=1) - mn) / _F32(31)
-    v = (xb - mn[:, None]) * _inverse(d)[:, None]
-    q = np.trunc(v + _F32(0.5)).astype(np.uint8)  # no clamp in ggml: the value cannot exceed 31
+    d, mn, q = _asym(xb, variant, 31, 255)  # no clamp in ggml: the value cannot exceed 31
     return np.concatenate([_f16_bytes(d), _f16_bytes(mn), _q5_qh(q), _pack_nibbles(q)], axis=1)
 
 
