@@ -85,6 +85,7 @@ def llamacpp() -> dict:
         "finite": arr(fx["inputs"]["finite"]["f32"], np.float32).reshape(-1, row),
         "specials": arr(fx["inputs"]["specials"]["f32"], np.float32).reshape(-1, row),
         "out": {k: arr(v, np.uint8) for k, v in fx["outputs"].items()},
+        "importance_row": arr(fx["inputs"]["importance_row"], np.float32),
     }
 
 
@@ -300,6 +301,18 @@ def test_quantize_equals_llamacpp_quantize_chunk(t: T, backend: str, llamacpp: d
     with np.errstate(over="ignore"), search_backend(backend):
         got = quantize(x, t)
     expected = llamacpp["out"][f"chunk_{t.name}"].reshape(got.shape)
+    for r in range(len(x)):
+        assert np.array_equal(got[r], expected[r]), f"{t.name} input row {r}"
+
+
+@pytest.mark.parametrize("t", [t for t in WEIGHT_TYPES if t != T.F32], ids=lambda t: t.name)
+def test_quantize_with_importance_row_equals_llamacpp_quantize_chunk(t: T, llamacpp: dict) -> None:
+    # ggml_quantize_chunk given an imatrix row: the weighted *_impl searches (types without one
+    # ignore the weights, as ggml does).
+    x = llamacpp["finite"]
+    with np.errstate(over="ignore"):
+        got = quantize(x, t, quant_weights=llamacpp["importance_row"])
+    expected = llamacpp["out"][f"chunkw_{t.name}"].reshape(got.shape)
     for r in range(len(x)):
         assert np.array_equal(got[r], expected[r]), f"{t.name} input row {r}"
 
