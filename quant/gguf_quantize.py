@@ -207,7 +207,7 @@ def _write(
                 progress(i, len(tensors), t.name, new)
             start = f.tell()
             if new == t.ggml_type:
-                f.write(t.raw.tobytes())
+                f.write(memoryview(np.ascontiguousarray(t.raw)))  # straight from the input mmap
             else:
                 _encode(t, new, f.write, imatrix_rows.get(t.name))
             written = f.tell() - start
