@@ -123,3 +123,32 @@ def test_mix_rules_bump_attn_v_and_ffn_down_by_layer() -> None:
     assert got["output.weight"] == T.Q6_K and got["token_embd.weight"] == T.Q4_K
     planner = TypePlanner(info, MixParams("Q4_K_M"), names)
     assert planner.target_type("blk.0.ffn_down.weight", T.F16, [288, 256]) == T.Q8_0  # Q6_K, 288 % 256: fallback
+
+
+def test_imatrix_collects_squared_inputs_and_feeds_quantize(tiny: dict[str, Path], tmp_path: Path) -> None:
+    import gguf
+    import numpy as np
+
+    from llmedge.quant.imatrix_collect import collect_imatrix, write_imatrix_gguf
+
+    ids = [int(i) for i in np.random.default_rng(3).integers(0, 512, 64)]
+    stats = collect_imatrix(tiny["f32"], tokens=ids, n_ctx=32)
+    assert stats.n_chunks == 2 and len(stats.sums) == 8 * 7 and stats.counts["blk.3.ffn_down.weight"] == 64
+    # blk.0.attn_q's input is the RMS-normed embedding: recompute it in float64
+    r = gguf.GGUFReader(str(tiny["f32"]))
+    t = {x.name: np.asarray(x.data, np.float64) for x in r.tensors}
+    seen = list(ids)
+    seen[0] = seen[32] = 1  # each chunk starts with BOS (id 1: SPM's default), as llama-imatrix does
+    x = t["token_embd.weight"].reshape(512, 256)[seen]
+    h = x / np.sqrt((x * x).mean(axis=1, keepdims=True) + 1e-5) * t["blk.0.attn_norm.weight"]
+    np.testing.assert_allclose(stats.sums["blk.0.attn_q.weight"], (h * h).sum(axis=0), rtol=2e-4)
+    path = tmp_path / "collected.gguf"
+    write_imatrix_gguf(path, stats, ["ids"])
+    im = load_imatrix(path)
+    assert im.chunk_count == 2 and im.datasets == ["ids"]
+    np.testing.assert_allclose(im.weights["blk.0.attn_q.weight"], stats.sums["blk.0.attn_q.weight"] / 64, rtol=1e-6)
+    plain, weighted = tmp_path / "plain.gguf", tmp_path / "weighted.gguf"
+    quantize_gguf(tiny["f32"], plain, MixParams("Q4_K_S"))
+    r2 = quantize_gguf(tiny["f32"], weighted, MixParams("Q4_K_S"), imatrix=im, imatrix_name="collected.gguf")
+    assert r2.size_out > plain.stat().st_size  # + the quantize.imatrix.* keys
+    assert sha256(plain) != sha256(weighted)
