@@ -10,7 +10,9 @@ import typer
 
 
 def quantize(
-    src: Annotated[Path, typer.Argument(help="The input GGUF (F32/F16/BF16, or quantized with --allow-requantize).")],
+    src: Annotated[
+        str, typer.Argument(help="The input: a .gguf path or a stored model name (quantized: --allow-requantize).")
+    ],
     dst: Annotated[Path, typer.Argument(help="The GGUF to write.")],
     qtype: Annotated[str, typer.Argument(metavar="TYPE", help="A llama-quantize mix: Q4_K_M, Q8_0, IQ4_XS, F16, ...")],
     allow_requantize: Annotated[
@@ -52,8 +54,9 @@ def quantize(
         )
     except ValueError as e:
         raise LlmedgeError(str(e)) from None
-    if not src.is_file():
-        raise LlmedgeError(f"no such file: {src}")
+    from llmedge.store import Store
+
+    src = Store().resolve(src)  # a path, or a model already in the store (never pulled here)
     if src.resolve() == dst.resolve():
         raise LlmedgeError("the output file must differ from the input file")
 
