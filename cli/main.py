@@ -8,7 +8,9 @@ import sys
 import typer
 
 from llmedge.cli import bench as bench_cmd
+from llmedge.cli import imatrix as imatrix_cmd
 from llmedge.cli import models as models_cmds
+from llmedge.cli import quantize as quantize_cmd
 from llmedge.cli import run as run_cmd
 from llmedge.cli import serve as serve_cmd
 from llmedge.cli import tools as tools_cmds
@@ -32,6 +34,8 @@ app.command("create")(models_cmds.create)
 app.command("tokenize")(tools_cmds.tokenize)
 app.command("bench")(bench_cmd.bench)
 app.command("perplexity")(tools_cmds.perplexity)
+app.command("quantize")(quantize_cmd.quantize)
+app.command("imatrix")(imatrix_cmd.imatrix)
 
 
 def main() -> None:

@@ -1,8 +1,11 @@
 """llmedge.quant: the GGML quantization formats.
 
 One trait table per GGML type (:mod:`.traits`), their byte geometry (:mod:`.layout`), NumPy
-reference decoding bit-exact with ggml (:mod:`.dequant`) and reference encoders byte-exact with
-ggml's ``quantize_row_*_ref`` (:mod:`.quantize`).
+reference decoding bit-exact with ggml (:mod:`.dequant`) and encoders byte-exact with ggml's
+(:mod:`.quantize`; the K-quant and IQ4 searches in :mod:`.kquants`, their Numba loops in
+:mod:`.ksearch_jit` and :mod:`.legacy_jit`). Whole files: llama-quantize's per-tensor rules
+(:mod:`.mix`), importance matrices (:mod:`.imatrix`) and the GGUF-to-GGUF driver
+(:mod:`.gguf_quantize`).
 """
 
 from gguf.constants import GGMLQuantizationType

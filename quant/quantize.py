@@ -23,7 +23,9 @@ from typing import Literal
 import numpy as np
 from gguf.constants import GGMLQuantizationType as T
 
+from .kquants import KQUANT_ENCODERS, LEGACY_WEIGHTED
 from .layout import BLOCK_SIZES, as_ggml_type, row_nbytes
+from .quantize_common import seqsum
 
 __all__ = ["QUANTIZABLE", "Variant", "fp32_to_bf16_bits", "fp32_to_fp16_bits", "quantize", "quantizer"]
 
@@ -81,8 +83,22 @@ def _pack_nibbles(q: np.ndarray) -> np.ndarray:
     return (q[:, :16] & 0x0F) | (q[:, 16:] << 4)
 
 
+def _legacy_jit(variant: Variant):  # noqa: ANN202
+    """The Numba loops for ``_ref`` rounding when the searches run in Numba, else None."""
+    from .kquants import _jit
+
+    if variant != "ref" or _jit() is None:
+        return None
+    from . import legacy_jit
+
+    return legacy_jit
+
+
 def _q8_scaled(xb: np.ndarray, variant: Variant) -> tuple[np.ndarray, np.ndarray]:
     """Shared part of Q8_0/Q8_1: the block scale d and the rounded quants (int8)."""
+    jit = _legacy_jit(variant)
+    if jit is not None:
+        return jit.q8_0(xb)
     amax = np.abs(xb).max(axis=1)
     d = amax / _F32(127)
     if variant == "x86":
@@ -119,18 +135,34 @@ def _q8_k(xb: np.ndarray, variant: Variant) -> np.ndarray:
     return np.concatenate([d.reshape(n, 1).view(np.uint8), q.view(np.uint8), bsums.view(np.uint8)], axis=1)
 
 
-def _q4_0(xb: np.ndarray, variant: Variant) -> np.ndarray:
-    d = _abs_max_signed(xb) / _F32(-8)
+def _sym(xb: np.ndarray, variant: Variant, div: int, bias: float, top: int) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_0 / Q5_0: d = (signed absolute maximum) / div, q = min(top, trunc(x / d + bias))."""
+    jit = _legacy_jit(variant)
+    if jit is not None:
+        return jit.q_sym(xb, div, bias, top)
+    d = _abs_max_signed(xb) / _F32(div)
     v = xb * _inverse(d)[:, None]
-    q = np.minimum(np.trunc(v + _F32(8.5)), 15).astype(np.uint8)
+    return d, np.minimum(np.trunc(v + _F32(bias)), top).astype(np.uint8)
+
+
+def _asym(xb: np.ndarray, variant: Variant, div: int, top: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q4_1 / Q5_1: d = (max - min) / div, q = min(top, trunc((x - min) / d + 0.5))."""
+    jit = _legacy_jit(variant)
+    if jit is not None:
+        return jit.q_asym(xb, div, top)
+    mn = xb.min(axis=1)
+    d = (xb.max(axis=1) - mn) / _F32(div)
+    v = (xb - mn[:, None]) * _inverse(d)[:, None]
+    return d, mn, np.minimum(np.trunc(v + _F32(0.5)), top).astype(np.uint8)
+
+
+def _q4_0(xb: np.ndarray, variant: Variant) -> np.ndarray:
+    d, q = _sym(xb, variant, -8, 8.5, 15)
     return np.concatenate([_f16_bytes(d), _pack_nibbles(q)], axis=1)
 
 
 def _q4_1(xb: np.ndarray, variant: Variant) -> np.ndarray:
-    mn = xb.min(axis=1)
-    d = (xb.max(axis=1) - mn) / _F32(15)
-    v = (xb - mn[:, None]) * _inverse(d)[:, None]
-    q = np.minimum(np.trunc(v + _F32(0.5)), 15).astype(np.uint8)
+    d, mn, q = _asym(xb, variant, 15, 15)
     return np.concatenate([_f16_bytes(d), _f16_bytes(mn), _pack_nibbles(q)], axis=1)
 
 
@@ -140,17 +172,12 @@ def _q5_qh(q: np.ndarray) -> np.ndarray:
 
 
 def _q5_0(xb: np.ndarray, variant: Variant) -> np.ndarray:
-    d = _abs_max_signed(xb) / _F32(-16)
-    v = xb * _inverse(d)[:, None]
-    q = np.minimum(np.trunc(v + _F32(16.5)), 31).astype(np.uint8)
+    d, q = _sym(xb, variant, -16, 16.5, 31)
     return np.concatenate([_f16_bytes(d), _q5_qh(q), _pack_nibbles(q)], axis=1)
 
 
 def _q5_1(xb: np.ndarray, variant: Variant) -> np.ndarray:
-    mn = xb.min(axis=1)
-    d = (xb.max(axis=1) - mn) / _F32(31)
-    v = (xb - mn[:, None]) * _inverse(d)[:, None]
-    q = np.trunc(v + _F32(0.5)).astype(np.uint8)  # no clamp in ggml: the value cannot exceed 31
+    d, mn, q = _asym(xb, variant, 31, 255)  # no clamp in ggml: the value cannot exceed 31
     return np.concatenate([_f16_bytes(d), _f16_bytes(mn), _q5_qh(q), _pack_nibbles(q)], axis=1)
 
 
@@ -164,16 +191,23 @@ _KERNELS: dict[T, Callable[[np.ndarray, Variant], np.ndarray]] = {
     T.Q8_K: _q8_k,
 }
 
+_SEARCHING: dict[T, Callable[..., np.ndarray]] = {T[name]: fn for name, (_, fn) in KQUANT_ENCODERS.items()}
+_CHUNK_VALUES = 1 << 20  # values encoded per NumPy pass of a searching quantizer (bounds temporaries)
+
 #: Every type :func:`quantize` accepts.
-QUANTIZABLE: frozenset[T] = frozenset({T.F32, T.F16, T.BF16, *_KERNELS})
+QUANTIZABLE: frozenset[T] = frozenset({T.F32, T.F16, T.BF16, *_KERNELS, *_SEARCHING})
 
 
-def quantize(x: np.ndarray, ggml_type: T | int | str, variant: Variant = "ref") -> np.ndarray:
+def quantize(
+    x: np.ndarray, ggml_type: T | int | str, variant: Variant = "ref", quant_weights: np.ndarray | None = None
+) -> np.ndarray:
     """Encode float32 rows ``x`` [..., n] as type ``ggml_type``: uint8 [..., row_nbytes(n)].
 
     ``n`` must be a multiple of the block size. ``variant`` picks whose rounding to reproduce for
     the activation types Q8_0 and Q8_1: ``"ref"`` (``quantize_row_*_ref``, the default), ``"x86"``
-    or ``"arm"`` (ggml-cpu's SIMD ``from_float``); see the module docstring.
+    or ``"arm"`` (ggml-cpu's SIMD ``from_float``); see the module docstring. ``quant_weights``
+    (float32 [n], an importance-matrix row) selects ggml's weighted searches, as
+    ``ggml_quantize_chunk`` does when given one; types without a weighted search ignore it.
     """
     gt = as_ggml_type(ggml_type)
     if variant not in _VARIANTS:
@@ -190,9 +224,46 @@ def quantize(x: np.ndarray, ggml_type: T | int | str, variant: Variant = "ref") 
         return np.ascontiguousarray(fp32_to_fp16_bits(x)).view(np.uint8).reshape(out_shape)
     if gt == T.BF16:
         return np.ascontiguousarray(fp32_to_bf16_bits(x)).view(np.uint8).reshape(out_shape)
-    block, _ = BLOCK_SIZES[gt]
+    block, size = BLOCK_SIZES[gt]
+    if quant_weights is not None and (gt in _SEARCHING or gt.name in LEGACY_WEIGHTED):
+        return _quantize_weighted(np.ascontiguousarray(x).reshape(-1, x.shape[-1]), gt, quant_weights).reshape(out_shape)
     xb = np.ascontiguousarray(x).reshape(-1, block)
+    if gt in _SEARCHING:
+        return _encode_chunked(_SEARCHING[gt], xb, size).reshape(out_shape)
     return _KERNELS[gt](xb, variant).reshape(out_shape)
+
+
+def _quantize_weighted(x2: np.ndarray, gt: T, qw: np.ndarray) -> np.ndarray:
+    """Rows [r, n] with one importance row [n]; legacy types weight by the whole row's sigma2."""
+    rows, n = x2.shape
+    qw = np.ascontiguousarray(qw, dtype=np.float32).reshape(-1)
+    if len(qw) != n:
+        raise ValueError(f"importance row has {len(qw)} values for rows of {n}")
+    block, size = BLOCK_SIZES[gt]
+    out = np.empty((rows, row_nbytes(gt, n)), np.uint8)
+    step = max(1, _CHUNK_VALUES // n)
+    with np.errstate(all="ignore"):
+        for r in range(0, rows, step):
+            xc = x2[r : r + step]
+            xb = xc.reshape(-1, block)
+            qwb = np.broadcast_to(qw, xc.shape).reshape(-1, block)
+            if gt in _SEARCHING:
+                enc = _SEARCHING[gt](xb, qwb)
+            else:
+                s2 = seqsum(xc * xc) / np.float32(n)
+                w = qwb * np.sqrt(np.repeat(s2, n // block)[:, None] + xb * xb)
+                enc = LEGACY_WEIGHTED[gt.name](xb, w)
+            out[r : r + step] = enc.reshape(len(xc), -1)
+    return out
+
+
+def _encode_chunked(fn: Callable[..., np.ndarray], xb: np.ndarray, size: int) -> np.ndarray:
+    out = np.empty((len(xb), size), np.uint8)
+    step = max(1, _CHUNK_VALUES // xb.shape[1])
+    with np.errstate(all="ignore"):
+        for i in range(0, len(xb), step):
+            out[i : i + step] = fn(xb[i : i + step])
+    return out
 
 
 def quantizer(ggml_type: T | int | str) -> Callable[[np.ndarray], np.ndarray] | None:

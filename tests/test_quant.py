@@ -85,6 +85,7 @@ def llamacpp() -> dict:
         "finite": arr(fx["inputs"]["finite"]["f32"], np.float32).reshape(-1, row),
         "specials": arr(fx["inputs"]["specials"]["f32"], np.float32).reshape(-1, row),
         "out": {k: arr(v, np.uint8) for k, v in fx["outputs"].items()},
+        "importance_row": arr(fx["inputs"]["importance_row"], np.float32),
     }
 
 
@@ -134,7 +135,7 @@ def test_is_quantized_only_for_block_types() -> None:
 def test_reference_functions_exist_exactly_for_supported_types() -> None:
     for t in WEIGHT_TYPES:
         assert traits(t).dequantize_ref is not None, t.name
-    for t in (T.Q8_0, T.Q8_1, T.Q8_K, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.F16, T.BF16, T.F32):
+    for t in (*WEIGHT_TYPES, T.Q8_1, T.Q8_K):
         assert traits(t).quantize_ref is not None, t.name
     for t in (T.IQ2_XXS, T.TQ1_0, T.MXFP4, T.I32):
         assert traits(t).dequantize_ref is None and traits(t).quantize_ref is None
@@ -289,6 +290,33 @@ def test_quantize_equals_llamacpp_reference(t: T, llamacpp: dict) -> None:
         assert np.array_equal(got[r], expected[r]), f"{t.name} input row {r}"
 
 
+@pytest.mark.parametrize("backend", ["numba", "numpy"])
+@pytest.mark.parametrize("t", [t for t in WEIGHT_TYPES if t != T.F32], ids=lambda t: t.name)
+def test_quantize_equals_llamacpp_quantize_chunk(t: T, backend: str, llamacpp: dict) -> None:
+    # ggml_quantize_chunk without imatrix: what llama-quantize writes (the searching K-quant and
+    # IQ4 encoders included); the Numba and NumPy searches must both give its bytes.
+    from llmedge.quant.kquants import search_backend
+
+    x = llamacpp["finite"]
+    with np.errstate(over="ignore"), search_backend(backend):
+        got = quantize(x, t)
+    expected = llamacpp["out"][f"chunk_{t.name}"].reshape(got.shape)
+    for r in range(len(x)):
+        assert np.array_equal(got[r], expected[r]), f"{t.name} input row {r}"
+
+
+@pytest.mark.parametrize("t", [t for t in WEIGHT_TYPES if t != T.F32], ids=lambda t: t.name)
+def test_quantize_with_importance_row_equals_llamacpp_quantize_chunk(t: T, llamacpp: dict) -> None:
+    # ggml_quantize_chunk given an imatrix row: the weighted *_impl searches (types without one
+    # ignore the weights, as ggml does).
+    x = llamacpp["finite"]
+    with np.errstate(over="ignore"):
+        got = quantize(x, t, quant_weights=llamacpp["importance_row"])
+    expected = llamacpp["out"][f"chunkw_{t.name}"].reshape(got.shape)
+    for r in range(len(x)):
+        assert np.array_equal(got[r], expected[r]), f"{t.name} input row {r}"
+
+
 @pytest.mark.parametrize("t", [T.Q8_0, T.Q8_1, T.Q8_K], ids=lambda t: t.name)
 def test_quantize_x86_variant_equals_llamacpp_cpu_from_float(t: T, llamacpp: dict) -> None:
     # The fixture's *_cpu bytes come from ggml-cpu's SIMD from_float on the machine that made it.
@@ -371,6 +399,6 @@ def test_quantize_rejects_bad_input() -> None:
     with pytest.raises(ValueError):
         quantize(np.zeros((2, 48), np.float32), T.Q8_0)
     with pytest.raises(ValueError):
-        quantize(np.zeros((2, 256), np.float32), T.Q4_K)  # no reference encoder (yet)
+        quantize(np.zeros((2, 256), np.float32), T.IQ2_XXS)  # no encoder
     with pytest.raises(ValueError):
         quantize(np.zeros((2, 32), np.float32), T.Q8_0, variant="neon")  # type: ignore[arg-type]

@@ -1,0 +1,44 @@
+"""The ``imatrix`` command: llama-imatrix's importance matrix, computed by llmedge."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from llmedge.cli.options import ModelArg
+
+
+def imatrix(
+    model: ModelArg,
+    file: Annotated[Path, typer.Option("-f", "--file", help="The calibration text.")],
+    out: Annotated[Path, typer.Option("-o", "--output", help="The imatrix GGUF to write.")] = Path("imatrix.gguf"),
+    ctx: Annotated[int, typer.Option("--ctx", "-c", help="Tokens per chunk.")] = 512,
+    chunks: Annotated[int | None, typer.Option("--chunks", help="Use at most this many chunks.")] = None,
+    process_output: Annotated[
+        bool, typer.Option("--process-output", help="Also collect output.weight's inputs.")
+    ] = False,
+) -> None:
+    """Compute an importance matrix over a text, in the GGUF format llama-quantize reads."""
+    from llmedge.errors import LlmedgeError
+    from llmedge.quant.imatrix_collect import collect_imatrix, write_imatrix_gguf
+    from llmedge.store import Store
+
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise LlmedgeError(f"cannot read {file}: {e}") from None
+
+    def report(i: int, n: int) -> None:
+        sys.stderr.write(f"[{i}/{n}] chunks\n")
+
+    path = Store().resolve(model, pull=True)
+    try:
+        stats = collect_imatrix(path, text=text, n_ctx=ctx, n_chunks=chunks, process_output=process_output,
+                                progress=report)
+    except ValueError as e:
+        raise LlmedgeError(str(e)) from None
+    write_imatrix_gguf(out, stats, [str(file)])
+    typer.echo(f"wrote {out}: {len(stats.sums)} entries over {stats.n_chunks} chunks of {ctx} tokens")
