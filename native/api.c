@@ -99,7 +99,12 @@ static int isa_has_kernels(int isa) {
     return 0;
 }
 
+static int g_isa_cap = -1;  /* LLMEDGE_ISA: no tier above it is available (x86: scalar < avx2 < avx512) */
+
+static int isa_rank(int isa) { return isa == ISA_AVX512 ? 2 : isa == ISA_SCALAR ? 0 : 1; }
+
 static int isa_supported(int isa) {
+    if (g_isa_cap >= 0 && isa != g_isa_cap && (isa_rank(isa) >= isa_rank(g_isa_cap))) return 0;
     switch (isa) {
     case ISA_SCALAR: return 1;
     case ISA_AVX2:
@@ -190,11 +195,11 @@ static void init_locked(int n_threads) {
         lle_register_avx512();
         lle_register_neon();
         lle_build_gelu_table();
-        int isa = best_isa();
+        /* LLMEDGE_ISA forces a tier this CPU can run and hides the ones above it (so that, say,
+         * LLMEDGE_ISA=avx2 on an AVX-512 machine behaves as an AVX2-only machine); others are ignored */
         const int want = isa_from_env();
-        /* the variable can only lower the ISA */
-        if (want >= 0 && isa_supported(want) && (want == ISA_SCALAR || want <= isa)) isa = want;
-        select_isa(isa);
+        if (want >= 0 && isa_supported(want)) g_isa_cap = want;
+        select_isa(best_isa());
         pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
         g_initialized = 1;
     }
@@ -255,6 +260,15 @@ int lle_set_isa(int isa) {
     }
     lle_unlock();
     return r;
+}
+
+/* self-test hook: add CPU features (the self-test runs the AVX-512 kernels compiled against SIMDe,
+ * which execute anywhere, as the AVX-512 tier) */
+void lle_test_add_cpu_features(int features) {
+    lle_lock();
+    ensure_init();
+    g_cpu |= features;
+    lle_unlock();
 }
 
 void lle_set_spin_us(int us) { lle_pool_set_spin_us(us); }

@@ -195,6 +195,7 @@ void lle_register_scalar(void);
 void lle_register_avx2(void);
 void lle_register_avx512(void);
 void lle_register_neon(void);
+void lle_test_add_cpu_features(int features);  /* self-test only */
 
 /* ---- float op kernels (per ISA) ---- */
 

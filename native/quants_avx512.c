@@ -25,6 +25,8 @@
 #include <simde/x86/f16c.h>
 #define LLE_AVX512_TABLE lle_kernels_avx512_simde
 #define LLE_AVX512_REGISTER lle_register_avx512_simde
+typedef simde__mmask64 lle_mask64;
+typedef simde__mmask32 lle_mask32;
 /* intrinsics SIMDe 0.7 lacks, composed from the 256-bit ones it has */
 static inline __m512 lle512_cvtepi32_ps(__m512i v) {
     return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_cvtepi32_ps(_mm512_castsi512_si256(v))),
@@ -40,6 +42,8 @@ static inline __m512 lle512_cvtepi32_ps(__m512i v) {
 #define LLE_AVX512_TABLE lle_kernels_avx512
 #define LLE_AVX512_REGISTER lle_register_avx512
 #define lle512_cvtepi32_ps _mm512_cvtepi32_ps
+typedef __mmask64 lle_mask64;
+typedef __mmask32 lle_mask32;
 #endif
 
 lle_kernels LLE_AVX512_TABLE[T_COUNT];
@@ -80,10 +84,10 @@ LLE_INLINE __m512i nibbles_x2(const uint8_t *rsi) {
 }
 
 /* the 32 high bits of a Q5 block as a mask over both 256-bit halves */
-LLE_INLINE __mmask64 bits_x2(const uint8_t *qh) {
+LLE_INLINE lle_mask64 bits_x2(const uint8_t *qh) {
     uint32_t b;
     memcpy(&b, qh, 4);
-    return (__mmask64)b | ((__mmask64)b << 32);
+    return (lle_mask64)b | ((lle_mask64)b << 32);
 }
 
 /* 8 lane sums of 4 products each, unsigned ax times signed sy (= madd(1, maddubs(ax, sy)) exactly) */
@@ -104,10 +108,10 @@ LLE_INLINE __m256 dot_i8_float(__m256i x, __m256i y) {
 #define W_Q4_1(x) bytes_from_nibbles_32((x).qs)
 #define W_Q5_1(x) _mm256_or_si256(bytes_from_nibbles_32((x).qs), _mm256_maskz_mov_epi8(q5_bits32((x).qh), _mm256_set1_epi8(0x10)))
 
-LLE_INLINE __mmask32 q5_bits32(const uint8_t *qh) {
+LLE_INLINE lle_mask32 q5_bits32(const uint8_t *qh) {
     uint32_t b;
     memcpy(&b, qh, 4);
-    return (__mmask32)b;
+    return (lle_mask32)b;
 }
 
 /* signed weights against Q8_0: acc = fma(dx * dy, dot, acc) */
