@@ -161,6 +161,7 @@ static void select_isa(int isa) {
                 /* a tile is only used with the vec_dot of its own ISA (identical arithmetic) */
                 k.vec_dot = src->vec_dot;
                 k.tile = src->tile;
+                k.tile_rows = src->tile_rows;
                 k.vec_dot_batch = src->vec_dot_batch;
                 k.gemv = src->gemv;
                 k.vec_dot_r8 = src->vec_dot_r8;
@@ -322,6 +323,7 @@ typedef struct {
     lle_vec_dot_fn vd_head; int64_t n_head_rows;  /* another order for activation rows < n_head_rows */
     lle_tile_fn tile_head;                        /* its 4-row tile (NULL: vd_head per element) */
     lle_tile_fn tile;     /* NULL: vd per element */
+    int tile_rows;        /* activation rows per call of `tile` (a multiple of 4) */
     lle_gemv_fn gemv;     /* NULL: vd per row */
     int type;
     const uint8_t *w; size_t ws; int64_t m; int k;
@@ -402,9 +404,10 @@ static void mm_tiles_task(void *vctx, int ith, int nth) {
         const int64_t i0 = bi * c->tn, i1 = i0 + c->tn < c->n ? i0 + c->tn : c->n;
         const int64_t j0 = bj * c->tm, j1 = j0 + c->tm < c->m ? j0 + c->tm : c->m;
         if (tile || c->tile_head) {
-            for (int64_t i = i0; i < i1; i += 4) {
-                const int nr = (int)(i1 - i < 4 ? i1 - i : 4);
+            for (int64_t i = i0, nr; i < i1; i += nr) {
                 const lle_tile_fn ti = i < c->n_head_rows ? c->tile_head : tile;
+                const int step = ti == tile ? c->tile_rows : 4;  /* head rows: groups of 4 */
+                nr = i1 - i < step ? i1 - i : step;
                 if (!ti) {  /* rows of an order without a tile */
                     for (int64_t r = i; r < i + nr; r++) {
                         const lle_vec_dot_fn vdi = r < c->n_head_rows ? c->vd_head : vd;
@@ -453,6 +456,7 @@ int lle_matmul_impl(int type, const void *w, long long w_stride, long long m, lo
     const int plain = type == T_F32 || type == T_F16 || type == T_BF16;
     c.vd = kw->vec_dot;
     c.tile = kw->tile;
+    c.tile_rows = kw->tile_rows > 4 ? kw->tile_rows : 4;
     c.gemv = kw->gemv;
     if (kw->vec_dot_r8 && m % 8 == 0) {
         c.vd = kw->vec_dot_r8;
@@ -467,6 +471,7 @@ int lle_matmul_impl(int type, const void *w, long long w_stride, long long m, lo
     } else if (kw->vec_dot_tiled && n >= 8) {
         c.vd = kw->vec_dot_tiled;
         c.tile = kw->tile_tiled;
+        c.tile_rows = 4;
     } else if (n >= 2 && kw->vec_dot_batch && (!plain || (m % 4 == 0 && k % 8 == 0))) {
         c.vd = kw->vec_dot_batch;
         c.tile = NULL;

@@ -216,21 +216,21 @@ static void gemv_q5_1(int k, const void *w, size_t ws, int nr, const void *a, co
  * starts from minus that amount, so the lane total is the exact sum of w * y, as in AVX2. */
 
 typedef struct {
-    __m512i y[2];   /* rows (0,1) and (2,3): 32 quants each */
-    __m512i nc[2];  /* -128 * sum of each 4 quants (signed-weight types) */
-    __m512 sc[2];   /* dy of the rows, 8 lanes each */
+    __m512i y[4];   /* rows (0,1), (2,3), (4,5), (6,7): 32 quants each */
+    __m512i nc[4];  /* -128 * sum of each 4 quants (signed-weight types) */
+    __m512 sc[4];   /* dy of the rows, 8 lanes each */
 } act_blk;
 
-#define TILE_CHUNK 32  /* activation blocks laid out at a time (12 KB) */
+#define TILE_CHUNK 16  /* activation blocks laid out at a time (12 KB, with the weights in L1) */
 #define TILE_ROWS 64   /* weight rows whose accumulators persist across chunks */
 
-static void act_layout(act_blk *buf, const uint8_t *a, size_t as, const float *sc, int nr, int b0, int bn,
-                       int correct, size_t act_block_bytes, size_t qs_offset) {
+/* the layout of NP row pairs; `sc` holds the scales of consecutive 4-row groups (d[nb][4], s[nb][4]) */
+static void act_layout(act_blk *buf, const int NP, const uint8_t *a, size_t as, const float *sc, int nb, int nr,
+                       int b0, int bn, int correct, size_t act_block_bytes, size_t qs_offset) {
     const __m512i m128 = _mm512_set1_epi8((char)0x80);
     for (int i = 0; i < bn; i++) {
         const int ib = b0 + i;
-        const __m128 s4 = _mm_loadu_ps(sc + 4 * ib);
-        for (int p = 0; p < 2; p++) {
+        for (int p = 0; p < NP; p++) {
             __m256i q[2];
             for (int h = 0; h < 2; h++) {
                 const int r = 2 * p + h;
@@ -241,8 +241,9 @@ static void act_layout(act_blk *buf, const uint8_t *a, size_t as, const float *s
             buf[i].y[p] = y;
             buf[i].nc[p] = correct ? _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), m128, y))
                                    : _mm512_setzero_si512();
-            const __m512i idx = _mm512_set_epi32(2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1,
-                                                 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p);
+            const __m128 s4 = _mm_loadu_ps(sc + (size_t)(p / 2) * 8 * nb + 4 * ib);
+            const int l = 2 * (p % 2);
+            const __m512i idx = _mm512_set_epi32(l + 1, l + 1, l + 1, l + 1, l + 1, l + 1, l + 1, l + 1, l, l, l, l, l, l, l, l);
             buf[i].sc[p] = _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(s4));
         }
     }
@@ -269,54 +270,63 @@ LLE_INLINE __m512i unpack_x2(const int kind, const uint8_t *blk) {
     }
 }
 
-LLE_INLINE void tile32(const int kind, int k, const uint8_t *w, size_t ws, int nc, const uint8_t *a, size_t as,
-                       const float *sc, int nr, float *out, size_t ldo) {
+/* up to 2 * NP activation rows (a tile of 8 rows is two 4-row groups: tile_rows = 8 below) */
+LLE_INLINE void tile32(const int kind, const int NP, int k, const uint8_t *w, size_t ws, int nc, const uint8_t *a,
+                       size_t as, const float *sc, int nr, float *out, size_t ldo) {
     const int nb = k / QK;
     const int has_min = kind == WK_Q4_1 || kind == WK_Q5_1;
-    const size_t wbytes = (size_t)lle_type_traits[kind == WK_Q4_0 ? T_Q4_0 : kind == WK_Q5_0 ? T_Q5_0 : kind == WK_Q8_0 ? T_Q8_0
-                                                  : kind == WK_Q4_1 ? T_Q4_1 : T_Q5_1].type_size;
+    const size_t wbytes = kind == WK_Q4_0 ? sizeof(block_q4_0) : kind == WK_Q5_0 ? sizeof(block_q5_0)
+                        : kind == WK_Q8_0 ? sizeof(block_q8_0) : kind == WK_Q4_1 ? sizeof(block_q4_1) : sizeof(block_q5_1);
     const size_t abytes = has_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
     const size_t qoff = has_min ? offsetof(block_q8_1, qs) : offsetof(block_q8_0, qs);
     act_blk buf[TILE_CHUNK];
-    __m512 accs[TILE_ROWS][2];
-    __m128 summs[TILE_ROWS];
+    __m512 accs[TILE_ROWS][4];
+    __m128 summs[TILE_ROWS][2];
     for (int j0 = 0; j0 < nc; j0 += TILE_ROWS) {
         const int jn = nc - j0 < TILE_ROWS ? nc - j0 : TILE_ROWS;
         for (int b0 = 0; b0 < nb; b0 += TILE_CHUNK) {
             const int bn = nb - b0 < TILE_CHUNK ? nb - b0 : TILE_CHUNK;
-            act_layout(buf, a, as, sc, nr, b0, bn, !has_min, abytes, qoff);
+            act_layout(buf, NP, a, as, sc, nb, nr, b0, bn, !has_min, abytes, qoff);
             for (int j = 0; j < jn; j++) {
                 const uint8_t *x = w + (size_t)(j0 + j) * ws + (size_t)b0 * wbytes;
-                __m512 acc0 = b0 ? accs[j][0] : _mm512_setzero_ps(), acc1 = b0 ? accs[j][1] : _mm512_setzero_ps();
-                __m128 sm = b0 ? summs[j] : _mm_setzero_ps();
+                __m512 acc[4];
+                __m128 sm[2];
+#pragma GCC unroll 4
+                for (int p = 0; p < NP; p++) acc[p] = b0 ? accs[j][p] : _mm512_setzero_ps();
+                for (int g = 0; g < NP / 2; g++) sm[g] = b0 ? summs[j][g] : _mm_setzero_ps();
                 for (int i = 0; i < bn; i++, x += wbytes) {
                     const __m512i wu = unpack_x2(kind, x);
                     __m512 dx;
                     if (has_min) {
                         const __m128 dm = h2f_pair(x);
-                        const __m128 s4 = _mm_loadu_ps(sc + 4 * (nb + b0 + i));
-                        if (kind == WK_Q4_1) sm = _mm_fmadd_ps(_mm_permute_ps(dm, 0x55), s4, sm);
-                        else sm = _mm_add_ps(sm, _mm_mul_ps(_mm_permute_ps(dm, 0x55), s4));
+                        const __m128 m = _mm_permute_ps(dm, 0x55);
+                        for (int g = 0; g < NP / 2; g++) {
+                            const __m128 s4 = _mm_loadu_ps(sc + (size_t)g * 8 * nb + 4 * (nb + b0 + i));
+                            sm[g] = kind == WK_Q4_1 ? _mm_fmadd_ps(m, s4, sm[g]) : _mm_add_ps(sm[g], _mm_mul_ps(m, s4));
+                        }
                         dx = _mm512_broadcastss_ps(dm);
                     } else {
                         dx = _mm512_set1_ps(h2f(*(const lle_half *)x));
                     }
-                    const __m512 p0 = lle512_cvtepi32_ps(_mm512_dpbusd_epi32(buf[i].nc[0], wu, buf[i].y[0]));
-                    const __m512 p1 = lle512_cvtepi32_ps(_mm512_dpbusd_epi32(buf[i].nc[1], wu, buf[i].y[1]));
-                    acc0 = _mm512_fmadd_ps(_mm512_mul_ps(dx, buf[i].sc[0]), p0, acc0);
-                    acc1 = _mm512_fmadd_ps(_mm512_mul_ps(dx, buf[i].sc[1]), p1, acc1);
+#pragma GCC unroll 4
+                    for (int p = 0; p < NP; p++) {
+                        const __m512 pf = lle512_cvtepi32_ps(_mm512_dpbusd_epi32(buf[i].nc[p], wu, buf[i].y[p]));
+                        acc[p] = _mm512_fmadd_ps(_mm512_mul_ps(dx, buf[i].sc[p]), pf, acc[p]);
+                    }
                 }
-                accs[j][0] = acc0;
-                accs[j][1] = acc1;
-                summs[j] = sm;
+#pragma GCC unroll 4
+                for (int p = 0; p < NP; p++) accs[j][p] = acc[p];
+                for (int g = 0; g < NP / 2; g++) summs[j][g] = sm[g];
             }
         }
         for (int j = 0; j < jn; j++) {
-            float sm[4];
-            _mm_storeu_ps(sm, summs[j]);
-            const float v[4] = {hsum_float_8(_mm512_castps512_ps256(accs[j][0])), hsum_float_8(hi256_ps(accs[j][0])),
-                                hsum_float_8(_mm512_castps512_ps256(accs[j][1])), hsum_float_8(hi256_ps(accs[j][1]))};
-            for (int r = 0; r < nr; r++) out[(size_t)r * ldo + j0 + j] = has_min ? v[r] + sm[r] : v[r];
+            float sm[8];
+            for (int g = 0; g < NP / 2; g++) _mm_storeu_ps(sm + 4 * g, summs[j][g]);
+            for (int r = 0; r < nr; r++) {
+                const __m512 v = accs[j][r / 2];
+                const float t = hsum_float_8(r % 2 ? hi256_ps(v) : _mm512_castps512_ps256(v));
+                out[(size_t)r * ldo + j0 + j] = has_min ? t + sm[r] : t;
+            }
         }
     }
 }
@@ -324,7 +334,8 @@ LLE_INLINE void tile32(const int kind, int k, const uint8_t *w, size_t ws, int n
 #define TILE32(NAME, KIND)                                                                               \
     static void tile_##NAME(int k, const void *w, size_t ws, int nc, const void *a, size_t as, const float *sc, \
                             int nr, float *out, size_t ldo) {                                            \
-        tile32(KIND, k, w, ws, nc, a, as, sc, nr, out, ldo);                                             \
+        if (nr > 4) tile32(KIND, 4, k, w, ws, nc, a, as, sc, nr, out, ldo);                             \
+        else tile32(KIND, 2, k, w, ws, nc, a, as, sc, nr, out, ldo);                                     \
     }
 TILE32(q4_0, WK_Q4_0)
 TILE32(q5_0, WK_Q5_0)
@@ -341,11 +352,11 @@ static lle_kernels from_avx2(int t) { return lle_kernels_avx2[t]; }
 void LLE_AVX512_REGISTER(void) {
     lle_kernels *t = LLE_AVX512_TABLE;
     lle_kernels k;
-    k = from_avx2(T_Q4_0); k.vec_dot = vec_dot_q4_0; k.gemv = gemv_q4_0; k.tile = tile_q4_0; t[T_Q4_0] = k;
-    k = from_avx2(T_Q5_0); k.vec_dot = vec_dot_q5_0; k.gemv = gemv_q5_0; k.tile = tile_q5_0; t[T_Q5_0] = k;
-    k = from_avx2(T_Q8_0); k.vec_dot = vec_dot_q8_0; k.gemv = gemv_q8_0; k.tile = tile_q8_0; t[T_Q8_0] = k;
-    k = from_avx2(T_Q4_1); k.vec_dot = vec_dot_q4_1; k.gemv = gemv_q4_1; k.tile = tile_q4_1; t[T_Q4_1] = k;
-    k = from_avx2(T_Q5_1); k.vec_dot = vec_dot_q5_1; k.gemv = gemv_q5_1; k.tile = tile_q5_1; t[T_Q5_1] = k;
+    k = from_avx2(T_Q4_0); k.vec_dot = vec_dot_q4_0; k.gemv = gemv_q4_0; k.tile = tile_q4_0; k.tile_rows = 8; t[T_Q4_0] = k;
+    k = from_avx2(T_Q5_0); k.vec_dot = vec_dot_q5_0; k.gemv = gemv_q5_0; k.tile = tile_q5_0; k.tile_rows = 8; t[T_Q5_0] = k;
+    k = from_avx2(T_Q8_0); k.vec_dot = vec_dot_q8_0; k.gemv = gemv_q8_0; k.tile = tile_q8_0; k.tile_rows = 8; t[T_Q8_0] = k;
+    k = from_avx2(T_Q4_1); k.vec_dot = vec_dot_q4_1; k.gemv = gemv_q4_1; k.tile = tile_q4_1; k.tile_rows = 8; t[T_Q4_1] = k;
+    k = from_avx2(T_Q5_1); k.vec_dot = vec_dot_q5_1; k.gemv = gemv_q5_1; k.tile = tile_q5_1; k.tile_rows = 8; t[T_Q5_1] = k;
 }
 
 #if defined(__clang__) && !defined(LLE_AVX512_SIMDE)
