@@ -343,6 +343,105 @@ TILE32(q8_0, WK_Q8_0)
 TILE32(q4_1, WK_Q4_1)
 TILE32(q5_1, WK_Q5_1)
 
+/* ---------------------------------------------------------------- Q6_K */
+/* Per 128 values j of a block: A = [q4_0 | q4_1] and B = [q4_2 | q4_3] in AVX2's names (6-bit
+ * quants against activation bytes 128j..+63 and +64..+127), then maddubs and vpdpwssd with each
+ * word's 16-value scale. Lane l < 8 of the 512-bit total holds AVX2's lane l of q4_0 and q4_2, lane
+ * l + 8 that of q4_1 and q4_3: AVX2's 8-lane sum is the sum of the two halves. The -32 offset
+ * (AVX2's q8sclsub: 32 * scale * bsums) enters the low half through one more vpdpwssd. */
+
+static const uint16_t k_q6_scale_idx[4][32] = {
+    {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3},
+    {4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5, 6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7},
+    {8, 8, 8, 8, 8, 8, 8, 8, 9, 9, 9, 9, 9, 9, 9, 9, 10, 10, 10, 10, 10, 10, 10, 10, 11, 11, 11, 11, 11, 11, 11, 11},
+    {12, 12, 12, 12, 12, 12, 12, 12, 13, 13, 13, 13, 13, 13, 13, 13, 14, 14, 14, 14, 14, 14, 14, 14, 15, 15, 15, 15, 15, 15, 15, 15},
+};
+
+typedef struct {
+    __m512i q[4];   /* A0, B0, A1, B1 */
+    __m512i sc[4];  /* their word scales */
+    __m512i neg32;  /* -32 * scale, words 0..15, zero above */
+} q6_unpacked;
+
+LLE_INLINE void q6_unpack(const block_q6_K *x, q6_unpacked *u) {
+    const __m512i m15 = _mm512_set1_epi8(15), m48 = _mm512_set1_epi8(48);
+    const __m512i shl = _mm512_set_epi64(0x0002000200020002ll, 0x0002000200020002ll, 0x0002000200020002ll, 0x0002000200020002ll,
+                                         0x0004000400040004ll, 0x0004000400040004ll, 0x0004000400040004ll, 0x0004000400040004ll);
+    const __m512i shr = _mm512_set_epi64(0x0002000200020002ll, 0x0002000200020002ll, 0x0002000200020002ll, 0x0002000200020002ll,
+                                         0, 0, 0, 0);
+    for (int j = 0; j < 2; j++) {
+        const __m512i l = _mm512_loadu_si512((const void *)(x->ql + 64 * j));
+        const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(x->qh + 32 * j)));
+        u->q[2 * j] = _mm512_or_si512(_mm512_and_si512(l, m15), _mm512_and_si512(_mm512_sllv_epi16(h, shl), m48));
+        u->q[2 * j + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m15), _mm512_and_si512(_mm512_srlv_epi16(h, shr), m48));
+    }
+    const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x->scales));
+    const __m512i s16z = _mm512_castsi256_si512(s16);
+    for (int i = 0; i < 4; i++) u->sc[i] = _mm512_permutexvar_epi16(_mm512_loadu_si512((const void *)k_q6_scale_idx[i]), s16z);
+    u->neg32 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_mullo_epi16(s16, _mm256_set1_epi16(-32)), 0);
+}
+
+LLE_INLINE __m512i q6_sumi(const q6_unpacked *u, const block_q8_K *y) {
+    __m512i sumi = _mm512_dpwssd_epi32(_mm512_setzero_si512(),
+                                       _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_loadu_si256((const __m256i *)y->bsums), 0),
+                                       u->neg32);
+    for (int i = 0; i < 4; i++)
+        sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(u->q[i], _mm512_loadu_si512((const void *)(y->qs + 64 * i))), u->sc[i]);
+    return sumi;
+}
+
+static void vec_dot_q6_K(int n, float *LLE_RESTRICT s, const void *LLE_RESTRICT vx, const void *LLE_RESTRICT vy) {
+    const block_q6_K *x = vx;
+    const block_q8_K *y = vy;
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < n / QK_K; ++i) {
+        const float d = y[i].d * h2f(x[i].d);
+        q6_unpacked u;
+        q6_unpack(x + i, &u);
+        const __m512i z = q6_sumi(&u, y + i);
+        const __m256i sumi = _mm256_add_epi32(_mm512_castsi512_si256(z), _mm512_extracti64x4_epi64(z, 1));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    *s = hsum_float_8(acc);
+}
+
+/* the four lane totals of four 16-lane int32 vectors: [sum v0, sum v1, sum v2, sum v3] */
+LLE_INLINE __m128i hsum4x16(__m512i v0, __m512i v1, __m512i v2, __m512i v3) {
+    const __m512i s01 = _mm512_add_epi32(_mm512_unpacklo_epi32(v0, v1), _mm512_unpackhi_epi32(v0, v1));
+    const __m512i s23 = _mm512_add_epi32(_mm512_unpacklo_epi32(v2, v3), _mm512_unpackhi_epi32(v2, v3));
+    const __m512i t = _mm512_add_epi32(_mm512_unpacklo_epi64(s01, s23), _mm512_unpackhi_epi64(s01, s23));
+    const __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(t), _mm512_extracti64x4_epi64(t, 1));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+#define ACT_ROW(r) ((const block_q8_K *)(a + (size_t)((r) < nr ? (r) : 0) * as))
+
+/* the tiled K-quant GEMM order of Q6_K (korder_avx2.inc): per block, the four rows' totals s1,
+ * then buf = fma(d * s1, dy, buf) in the lanes of a 128-bit vector */
+static void tile_q6_K_tiled(int k, const void *w, size_t ws, int nc, const void *av, size_t as, const float *sc,
+                            int nr, float *out, size_t ldo) {
+    (void)sc;
+    const uint8_t *a = av;
+    for (int jr = 0; jr < nc; jr++) {
+        const block_q6_K *x = (const block_q6_K *)((const uint8_t *)w + (size_t)jr * ws);
+        __m128 buf = _mm_setzero_ps();
+        for (int i = 0; i < k / QK_K; ++i) {
+            q6_unpacked u;
+            q6_unpack(x + i, &u);
+            const __m128i s1 = hsum4x16(q6_sumi(&u, ACT_ROW(0) + i), q6_sumi(&u, ACT_ROW(1) + i),
+                                        q6_sumi(&u, ACT_ROW(2) + i), q6_sumi(&u, ACT_ROW(3) + i));
+            const __m128 dy = _mm_set_ps(ACT_ROW(3)[i].d, ACT_ROW(2)[i].d, ACT_ROW(1)[i].d, ACT_ROW(0)[i].d);
+            const __m128 res = _mm_mul_ps(_mm_set1_ps(h2f(x[i].d)), _mm_cvtepi32_ps(s1));
+            buf = _mm_fmadd_ps(res, dy, buf);
+        }
+        float res[4];
+        _mm_storeu_ps(res, buf);
+        for (int r = 0; r < nr; r++) out[(size_t)r * ldo + jr] = res[r];
+    }
+}
+
+#undef ACT_ROW
+
 /* ---------------------------------------------------------------- registration */
 
 /* the AVX2 entry of a type with some slots replaced: the slots not replaced keep AVX2's kernels,
@@ -356,6 +455,7 @@ void LLE_AVX512_REGISTER(void) {
     k = from_avx2(T_Q5_0); k.vec_dot = vec_dot_q5_0; k.gemv = gemv_q5_0; k.tile = tile_q5_0; k.tile_rows = 8; t[T_Q5_0] = k;
     k = from_avx2(T_Q8_0); k.vec_dot = vec_dot_q8_0; k.gemv = gemv_q8_0; k.tile = tile_q8_0; k.tile_rows = 8; t[T_Q8_0] = k;
     k = from_avx2(T_Q4_1); k.vec_dot = vec_dot_q4_1; k.gemv = gemv_q4_1; k.tile = tile_q4_1; k.tile_rows = 8; t[T_Q4_1] = k;
+    k = from_avx2(T_Q6_K); k.vec_dot = vec_dot_q6_K; k.tile_tiled = tile_q6_K_tiled; t[T_Q6_K] = k;
     k = from_avx2(T_Q5_1); k.vec_dot = vec_dot_q5_1; k.gemv = gemv_q5_1; k.tile = tile_q5_1; k.tile_rows = 8; t[T_Q5_1] = k;
 }
 
