@@ -174,6 +174,16 @@ def test_llmedge_isa_variable_forces_a_lower_isa() -> None:
         assert out.stdout.strip() == want
 
 
+def test_show_names_the_kernel_tier_in_use(smollm2_path: Path) -> None:
+    for want in (available_isas()[-1], "scalar"):
+        env = dict(os.environ, LLMEDGE_ISA=want, LLMEDGE_BACKEND="native")
+        r = subprocess.run([sys.executable, "-m", "llmedge.cli.main", "show", str(smollm2_path)], env=env,
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        line = next(ln for ln in r.stdout.splitlines() if ln.strip().startswith("kernel tier"))
+        assert line.split()[2] == want, line
+
+
 def test_every_weight_type_has_a_kernel(be: NativeBackend) -> None:
     for t in WEIGHT_TYPES:
         assert NativeBackend.supports(int(t)), t.name
