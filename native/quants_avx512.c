@@ -48,6 +48,11 @@ typedef __mmask32 lle_mask32;
 
 lle_kernels LLE_AVX512_TABLE[T_COUNT];
 
+/* decode kernels stream the weights: prefetch this many bytes ahead of the block being read */
+#ifndef LLE_PREFETCH
+#define LLE_PREFETCH 2048
+#endif
+
 /* ---------------------------------------------------------------- helpers (as in quants_avx2.c) */
 
 LLE_INLINE float h2f(lle_half h) { return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h))); }
@@ -132,6 +137,7 @@ LLE_INLINE lle_mask32 q5_bits32(const uint8_t *qh) {
             const WBLOCK *x = (const WBLOCK *)((const uint8_t *)w + (size_t)j * ws);                     \
             __m256 acc = _mm256_setzero_ps();                                                            \
             for (int ib = 0; ib < k / QK; ++ib) {                                                        \
+                _mm_prefetch((const char *)(x + ib) + LLE_PREFETCH, _MM_HINT_T0);                        \
                 const __m256 d = _mm256_set1_ps(h2f(x[ib].d) * as[ib]);                                  \
                 acc = _mm256_fmadd_ps(d, dot_i8_float(UNPACK(x[ib]), _mm256_loadu_si256((const __m256i *)y[ib].qs)), acc); \
             }                                                                                            \
@@ -165,6 +171,7 @@ static void gemv_q4_1(int k, const void *w, size_t ws, int nr, const void *a, co
         __m256 acc = _mm256_setzero_ps();
         float summs = 0;
         for (int ib = 0; ib < nb; ++ib) {
+            _mm_prefetch((const char *)(x + ib) + LLE_PREFETCH, _MM_HINT_T0);
             const __m128 dm = h2f_pair(&x[ib].d);
             summs = fmaf(_mm_cvtss_f32(_mm_movehdup_ps(dm)), ys[ib], summs);
             const __m256 d0d1 = _mm256_set1_ps(_mm_cvtss_f32(dm) * yd[ib]);
@@ -343,6 +350,73 @@ TILE32(q8_0, WK_Q8_0)
 TILE32(q4_1, WK_Q4_1)
 TILE32(q5_1, WK_Q5_1)
 
+/* ---------------------------------------------------------------- Q4_K, repacked order (decode) */
+/* The GEMV order of llama.cpp's repacked Q4_K (korder_avx2.inc: vec_dot_q4_K_r8): per block the
+ * exact integers s1 (scales * quants . activations) and s2 (mins * bsums), then two fused
+ * multiply-adds. Here s1 comes from 512-bit maddubs + vpdpwssd, 64 values per step. */
+
+LLE_INLINE void k4_utmp(const uint8_t *scales, uint32_t *utmp) {
+    const uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
+    memcpy(utmp, scales, 12);
+    utmp[3] = ((utmp[2] >> 4) & kmask2) | (((utmp[1] >> 6) & kmask3) << 4);
+    const uint32_t uaux = utmp[1] & kmask1;
+    utmp[1] = (utmp[2] & kmask2) | (((utmp[0] >> 6) & kmask3) << 4);
+    utmp[2] = uaux;
+    utmp[0] &= kmask1;
+}
+
+LLE_INLINE int32_t hsum_i32_16(__m512i v) {
+    const __m256i a = _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+    __m128i b = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    b = _mm_add_epi32(b, _mm_unpackhi_epi64(b, b));
+    b = _mm_add_epi32(b, _mm_shuffle_epi32(b, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(b);
+}
+
+static const uint16_t k_q4k_scale_idx[4][32] = {
+    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1},
+    {2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3},
+    {4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5},
+    {6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7},
+};
+
+LLE_INLINE void ints_q4_K(const block_q4_K *x, const block_q8_K *y, int32_t *s1, int32_t *s2) {
+    uint32_t utmp[4];
+    k4_utmp(x->scales, utmp);
+    const __m128i mins_scales = _mm_set_epi32((int)utmp[3], (int)utmp[2], (int)utmp[1], (int)utmp[0]);
+    const __m128i q8s = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)y->bsums), _mm_loadu_si128((const __m128i *)(y->bsums + 8)));
+    const __m128i prod = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_srli_si128(mins_scales, 8)), q8s);
+    __m128i t = _mm_add_epi32(prod, _mm_unpackhi_epi64(prod, prod));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(2, 3, 0, 1)));
+    *s2 = _mm_cvtsi128_si32(t);
+    const __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(mins_scales));
+    const __m512i shift = _mm512_set_epi64(4 * 0x0001000100010001ll, 4 * 0x0001000100010001ll, 4 * 0x0001000100010001ll,
+                                           4 * 0x0001000100010001ll, 0, 0, 0, 0);
+    const __m512i m4 = _mm512_set1_epi8(0xF);
+    __m512i acc = _mm512_setzero_si512();
+    for (int j = 0; j < QK_K / 64; ++j) {
+        const __m512i q4 = _mm512_and_si512(_mm512_srlv_epi16(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(x->qs + 32 * j))), shift), m4);
+        const __m512i p = _mm512_maddubs_epi16(q4, _mm512_loadu_si512((const void *)(y->qs + 64 * j)));
+        acc = _mm512_dpwssd_epi32(acc, p, _mm512_permutexvar_epi16(_mm512_loadu_si512((const void *)k_q4k_scale_idx[j]), sc16));
+    }
+    *s1 = hsum_i32_16(acc);
+}
+
+static void vec_dot_q4_K_r8(int n, float *LLE_RESTRICT s, const void *LLE_RESTRICT vx, const void *LLE_RESTRICT vy) {
+    const block_q4_K *x = vx;
+    const block_q8_K *y = vy;
+    float acc = 0, accm = 0;
+    for (int i = 0; i < n / QK_K; ++i) {
+        _mm_prefetch((const char *)(x + i) + LLE_PREFETCH, _MM_HINT_T0);
+        _mm_prefetch((const char *)(x + i) + LLE_PREFETCH + 64, _MM_HINT_T0);
+        int32_t s1, s2;
+        ints_q4_K(x + i, y + i, &s1, &s2);
+        acc = fmaf((float)s1, h2f(x[i].d) * y[i].d, acc);
+        accm = fmaf((float)s2, h2f(x[i].dmin) * y[i].d, accm);
+    }
+    *s = acc - accm;
+}
+
 /* ---------------------------------------------------------------- Q6_K */
 /* Per 128 values j of a block: A = [q4_0 | q4_1] and B = [q4_2 | q4_3] in AVX2's names (6-bit
  * quants against activation bytes 128j..+63 and +64..+127), then maddubs and vpdpwssd with each
@@ -395,6 +469,9 @@ static void vec_dot_q6_K(int n, float *LLE_RESTRICT s, const void *LLE_RESTRICT 
     const block_q8_K *y = vy;
     __m256 acc = _mm256_setzero_ps();
     for (int i = 0; i < n / QK_K; ++i) {
+        _mm_prefetch((const char *)(x + i) + LLE_PREFETCH, _MM_HINT_T0);
+        _mm_prefetch((const char *)(x + i) + LLE_PREFETCH + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)(x + i) + LLE_PREFETCH + 128, _MM_HINT_T0);
         const float d = y[i].d * h2f(x[i].d);
         q6_unpacked u;
         q6_unpack(x + i, &u);
@@ -455,6 +532,7 @@ void LLE_AVX512_REGISTER(void) {
     k = from_avx2(T_Q5_0); k.vec_dot = vec_dot_q5_0; k.gemv = gemv_q5_0; k.tile = tile_q5_0; k.tile_rows = 8; t[T_Q5_0] = k;
     k = from_avx2(T_Q8_0); k.vec_dot = vec_dot_q8_0; k.gemv = gemv_q8_0; k.tile = tile_q8_0; k.tile_rows = 8; t[T_Q8_0] = k;
     k = from_avx2(T_Q4_1); k.vec_dot = vec_dot_q4_1; k.gemv = gemv_q4_1; k.tile = tile_q4_1; k.tile_rows = 8; t[T_Q4_1] = k;
+    k = from_avx2(T_Q4_K); k.vec_dot_r8 = vec_dot_q4_K_r8; t[T_Q4_K] = k;
     k = from_avx2(T_Q6_K); k.vec_dot = vec_dot_q6_K; k.tile_tiled = tile_q6_K_tiled; t[T_Q6_K] = k;
     k = from_avx2(T_Q5_1); k.vec_dot = vec_dot_q5_1; k.gemv = gemv_q5_1; k.tile = tile_q5_1; k.tile_rows = 8; t[T_Q5_1] = k;
 }
