@@ -135,6 +135,7 @@ def show(
         "vocabulary": f"{tok.n_vocab} ({g.get_str('tokenizer.ggml.model')})",
         "file": str(path),
         "backend": f"{chosen} ({why})",
+        **({"kernel tier": _kernel_tier()} if chosen == "native" else {}),
     }
     m = _load(path, chosen, ctx, kv_type)
     info["kv cache"] = _kv_cache_line(m)
@@ -155,6 +156,15 @@ def show(
     typer.echo("\n  Template")
     first = tmpl.source.strip().splitlines()
     typer.echo("    " + (first[0][:100] + (" ..." if len(first) > 1 or len(first[0]) > 100 else "")))
+
+
+def _kernel_tier() -> str:
+    """The native kernels' ISA tier in use, and the others this CPU offers (``LLMEDGE_ISA`` picks one)."""
+    from llmedge.backends.native import NativeBackend
+
+    tier = NativeBackend(1).isa
+    others = [t for t in NativeBackend.available_isas() if t != tier]
+    return f"{tier}" + (f" (also here: {', '.join(others)}; LLMEDGE_ISA selects)" if others else "")
 
 
 def _template(gguf_template, tokenizer, config: dict):

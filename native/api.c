@@ -99,7 +99,12 @@ static int isa_has_kernels(int isa) {
     return 0;
 }
 
+static int g_isa_cap = -1;  /* LLMEDGE_ISA: no tier above it is available (x86: scalar < avx2 < avx512) */
+
+static int isa_rank(int isa) { return isa == ISA_AVX512 ? 2 : isa == ISA_SCALAR ? 0 : 1; }
+
 static int isa_supported(int isa) {
+    if (g_isa_cap >= 0 && isa != g_isa_cap && (isa_rank(isa) >= isa_rank(g_isa_cap))) return 0;
     switch (isa) {
     case ISA_SCALAR: return 1;
     case ISA_AVX2:
@@ -156,6 +161,7 @@ static void select_isa(int isa) {
                 /* a tile is only used with the vec_dot of its own ISA (identical arithmetic) */
                 k.vec_dot = src->vec_dot;
                 k.tile = src->tile;
+                k.tile_rows = src->tile_rows;
                 k.vec_dot_batch = src->vec_dot_batch;
                 k.gemv = src->gemv;
                 k.vec_dot_r8 = src->vec_dot_r8;
@@ -190,11 +196,11 @@ static void init_locked(int n_threads) {
         lle_register_avx512();
         lle_register_neon();
         lle_build_gelu_table();
-        int isa = best_isa();
+        /* LLMEDGE_ISA forces a tier this CPU can run and hides the ones above it (so that, say,
+         * LLMEDGE_ISA=avx2 on an AVX-512 machine behaves as an AVX2-only machine); others are ignored */
         const int want = isa_from_env();
-        /* the variable can only lower the ISA */
-        if (want >= 0 && isa_supported(want) && (want == ISA_SCALAR || want <= isa)) isa = want;
-        select_isa(isa);
+        if (want >= 0 && isa_supported(want)) g_isa_cap = want;
+        select_isa(best_isa());
         pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
         g_initialized = 1;
     }
@@ -257,6 +263,15 @@ int lle_set_isa(int isa) {
     return r;
 }
 
+/* self-test hook: add CPU features (the self-test runs the AVX-512 kernels compiled against SIMDe,
+ * which execute anywhere, as the AVX-512 tier) */
+void lle_test_add_cpu_features(int features) {
+    lle_lock();
+    ensure_init();
+    g_cpu |= features;
+    lle_unlock();
+}
+
 void lle_set_spin_us(int us) { lle_pool_set_spin_us(us); }
 
 int lle_act_rounding_mode(void) { return lle_act_rounding; }
@@ -308,6 +323,7 @@ typedef struct {
     lle_vec_dot_fn vd_head; int64_t n_head_rows;  /* another order for activation rows < n_head_rows */
     lle_tile_fn tile_head;                        /* its 4-row tile (NULL: vd_head per element) */
     lle_tile_fn tile;     /* NULL: vd per element */
+    int tile_rows;        /* activation rows per call of `tile` (a multiple of 4) */
     lle_gemv_fn gemv;     /* NULL: vd per row */
     int type;
     const uint8_t *w; size_t ws; int64_t m; int k;
@@ -388,9 +404,10 @@ static void mm_tiles_task(void *vctx, int ith, int nth) {
         const int64_t i0 = bi * c->tn, i1 = i0 + c->tn < c->n ? i0 + c->tn : c->n;
         const int64_t j0 = bj * c->tm, j1 = j0 + c->tm < c->m ? j0 + c->tm : c->m;
         if (tile || c->tile_head) {
-            for (int64_t i = i0; i < i1; i += 4) {
-                const int nr = (int)(i1 - i < 4 ? i1 - i : 4);
+            for (int64_t i = i0, nr; i < i1; i += nr) {
                 const lle_tile_fn ti = i < c->n_head_rows ? c->tile_head : tile;
+                const int step = ti == tile ? c->tile_rows : 4;  /* head rows: groups of 4 */
+                nr = i1 - i < step ? i1 - i : step;
                 if (!ti) {  /* rows of an order without a tile */
                     for (int64_t r = i; r < i + nr; r++) {
                         const lle_vec_dot_fn vdi = r < c->n_head_rows ? c->vd_head : vd;
@@ -439,6 +456,7 @@ int lle_matmul_impl(int type, const void *w, long long w_stride, long long m, lo
     const int plain = type == T_F32 || type == T_F16 || type == T_BF16;
     c.vd = kw->vec_dot;
     c.tile = kw->tile;
+    c.tile_rows = kw->tile_rows > 4 ? kw->tile_rows : 4;
     c.gemv = kw->gemv;
     if (kw->vec_dot_r8 && m % 8 == 0) {
         c.vd = kw->vec_dot_r8;
@@ -453,6 +471,7 @@ int lle_matmul_impl(int type, const void *w, long long w_stride, long long m, lo
     } else if (kw->vec_dot_tiled && n >= 8) {
         c.vd = kw->vec_dot_tiled;
         c.tile = kw->tile_tiled;
+        c.tile_rows = 4;
     } else if (n >= 2 && kw->vec_dot_batch && (!plain || (m % 4 == 0 && k % 8 == 0))) {
         c.vd = kw->vec_dot_batch;
         c.tile = NULL;

@@ -165,6 +165,8 @@ typedef struct {
     lle_vec_dot_fn vec_dot;         /* only for weight types */
     lle_gemv_fn gemv;               /* optional: several weight rows, one activation row */
     lle_tile_fn tile;               /* optional multi-row kernel */
+    int tile_rows;                  /* activation rows per call of `tile` (0: 4; else a multiple of 4:
+                                     * `sc` then holds the scales of consecutive 4-row groups) */
     /* optional dot product for several activation rows (llama.cpp uses llamafile's tinyBLAS there,
      * with another summation order); float types only when m % 4 == 0 and k % 8 == 0 */
     lle_vec_dot_fn vec_dot_batch;
@@ -195,6 +197,7 @@ void lle_register_scalar(void);
 void lle_register_avx2(void);
 void lle_register_avx512(void);
 void lle_register_neon(void);
+void lle_test_add_cpu_features(int features);  /* self-test only */
 
 /* ---- float op kernels (per ISA) ---- */
 

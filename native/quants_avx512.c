@@ -1,9 +1,549 @@
-/* AVX-512 tier of the dispatch table. No AVX-512 kernels are registered yet: the development
- * machine has no AVX-512, and untested SIMD code must not be selected on users' CPUs. While this
- * table is empty the dispatcher reports avx512 as unavailable and uses the AVX2 kernels.
+/* AVX-512 tier (F, BW, VL, DQ, VNNI) of the dispatch table: quantized products for the types of
+ * the reference models (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; Q4_K, Q6_K), selected at run time only when
+ * CPUID reports avx512f/bw/vl/vnni (api.c). Every other field and type falls back to the AVX2 tier.
+ *
+ * Summation order: every kernel here reproduces the AVX2 kernel of the same slot bit for bit (the
+ * AVX2 kernels reproduce llama.cpp's orders, see quants_avx2.c and korder_avx2.inc), so results do
+ * not depend on the tier and the conformance fixtures hold on both. The integer parts of a block
+ * are exact whatever instructions compute them (vpdpbusd/vpdpwssd here, maddubs/madd in AVX2); the
+ * float operations happen per output in the same order and rounding: where two outputs share a
+ * 512-bit register (two activation rows of a prefill tile, in the two 256-bit halves), each half
+ * performs exactly the AVX2 kernel's 8-lane operations.
+ *
+ * The same source is compiled a second time against SIMDe (LLE_AVX512_SIMDE, see
+ * native/simde_avx512.c), into the self-test only, so that a CPU without AVX-512 checks this code
+ * bit for bit against the AVX2 kernels (tests/test_native_kernels.py).
  */
 #include "common.h"
 
-lle_kernels lle_kernels_avx512[T_COUNT];
+#if defined(LLE_X86)
 
+#if defined(LLE_AVX512_SIMDE)
+#define SIMDE_ENABLE_NATIVE_ALIASES
+#include <simde/x86/avx512.h>
+#include <simde/x86/fma.h>
+#include <simde/x86/f16c.h>
+#define LLE_AVX512_TABLE lle_kernels_avx512_simde
+#define LLE_AVX512_REGISTER lle_register_avx512_simde
+typedef simde__mmask64 lle_mask64;
+typedef simde__mmask32 lle_mask32;
+/* intrinsics SIMDe 0.7 lacks, composed from the 256-bit ones it has */
+static inline __m512 lle512_cvtepi32_ps(__m512i v) {
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_cvtepi32_ps(_mm512_castsi512_si256(v))),
+                              _mm256_cvtepi32_ps(_mm512_extracti64x4_epi64(v, 1)), 1);
+}
+#else
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2"))), apply_to = function)
+#else
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")
+#endif
+#include <immintrin.h>
+#define LLE_AVX512_TABLE lle_kernels_avx512
+#define LLE_AVX512_REGISTER lle_register_avx512
+#define lle512_cvtepi32_ps _mm512_cvtepi32_ps
+typedef __mmask64 lle_mask64;
+typedef __mmask32 lle_mask32;
+#endif
+
+lle_kernels LLE_AVX512_TABLE[T_COUNT];
+
+/* decode kernels stream the weights: prefetch this many bytes ahead of the block being read */
+#ifndef LLE_PREFETCH
+#define LLE_PREFETCH 2048
+#endif
+
+/* ---------------------------------------------------------------- helpers (as in quants_avx2.c) */
+
+LLE_INLINE float h2f(lle_half h) { return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h))); }
+
+LLE_INLINE __m128 h2f_pair(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm_cvtph_ps(_mm_cvtsi32_si128(v));
+}
+
+LLE_INLINE float hsum_float_8(const __m256 x) {
+    __m128 res = _mm256_extractf128_ps(x, 1);
+    res = _mm_add_ps(res, _mm256_castps256_ps128(x));
+    res = _mm_add_ps(res, _mm_movehl_ps(res, res));
+    res = _mm_add_ss(res, _mm_movehdup_ps(res));
+    return _mm_cvtss_f32(res);
+}
+
+LLE_INLINE __m256 hi256_ps(__m512 v) { return _mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(v), 1)); }
+
+/* 32 nibbles -> 32 bytes in [0, 15]: low nibbles in the low lane, high nibbles in the high lane */
+LLE_INLINE __m256i bytes_from_nibbles_32(const uint8_t *rsi) {
+    const __m128i tmp = _mm_loadu_si128((const __m128i *)rsi);
+    const __m256i bytes = _mm256_inserti128_si256(_mm256_castsi128_si256(tmp), _mm_srli_epi16(tmp, 4), 1);
+    return _mm256_and_si256(_mm256_set1_epi8(0xF), bytes);
+}
+
+/* the same 32 bytes twice, [w | w]: the 16 packed bytes in all four 128-bit lanes, odd lanes shifted */
+LLE_INLINE __m512i nibbles_x2(const uint8_t *rsi) {
+    const __m512i b = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)rsi));
+    const __m512i shift = _mm512_set_epi64(4 * 0x0001000100010001ll, 4 * 0x0001000100010001ll, 0, 0,
+                                           4 * 0x0001000100010001ll, 4 * 0x0001000100010001ll, 0, 0);
+    return _mm512_and_si512(_mm512_srlv_epi16(b, shift), _mm512_set1_epi8(0xF));
+}
+
+/* the 32 high bits of a Q5 block as a mask over both 256-bit halves */
+LLE_INLINE lle_mask64 bits_x2(const uint8_t *qh) {
+    uint32_t b;
+    memcpy(&b, qh, 4);
+    return (lle_mask64)b | ((lle_mask64)b << 32);
+}
+
+/* 8 lane sums of 4 products each, unsigned ax times signed sy (= madd(1, maddubs(ax, sy)) exactly) */
+LLE_INLINE __m256 dot_us8_float(__m256i ax, __m256i sy) {
+    return _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy));
+}
+
+LLE_INLINE __m256 dot_i8_float(__m256i x, __m256i y) {
+    return dot_us8_float(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+}
+
+/* ---------------------------------------------------------------- one row: dot products, decode */
+/* the AVX2 vec_dot / gemv kernels with vpdpbusd in place of maddubs + madd (same integers) */
+
+#define W_Q4_0(x) _mm256_sub_epi8(bytes_from_nibbles_32((x).qs), _mm256_set1_epi8(8))
+#define W_Q5_0(x) _mm256_or_si256(bytes_from_nibbles_32((x).qs), _mm256_maskz_mov_epi8(~q5_bits32((x).qh), _mm256_set1_epi8((char)0xF0)))
+#define W_Q8_0(x) _mm256_loadu_si256((const __m256i *)(x).qs)
+#define W_Q4_1(x) bytes_from_nibbles_32((x).qs)
+#define W_Q5_1(x) _mm256_or_si256(bytes_from_nibbles_32((x).qs), _mm256_maskz_mov_epi8(q5_bits32((x).qh), _mm256_set1_epi8(0x10)))
+
+LLE_INLINE lle_mask32 q5_bits32(const uint8_t *qh) {
+    uint32_t b;
+    memcpy(&b, qh, 4);
+    return (lle_mask32)b;
+}
+
+/* signed weights against Q8_0: acc = fma(dx * dy, dot, acc) */
+#define ROW_Q80(NAME, WBLOCK, UNPACK)                                                                   \
+    static void vec_dot_##NAME(int n, float *LLE_RESTRICT s, const void *LLE_RESTRICT vx, const void *LLE_RESTRICT vy) { \
+        const WBLOCK *x = vx;                                                                            \
+        const block_q8_0 *y = vy;                                                                        \
+        __m256 acc = _mm256_setzero_ps();                                                                \
+        for (int ib = 0; ib < n / QK; ++ib) {                                                            \
+            const __m256 d = _mm256_set1_ps(h2f(x[ib].d) * h2f(y[ib].d));                                \
+            acc = _mm256_fmadd_ps(d, dot_i8_float(UNPACK(x[ib]), _mm256_loadu_si256((const __m256i *)y[ib].qs)), acc); \
+        }                                                                                                \
+        *s = hsum_float_8(acc);                                                                          \
+    }                                                                                                    \
+    static void gemv_##NAME(int k, const void *w, size_t ws, int nr, const void *a, const float *as, float *out) { \
+        const block_q8_0 *y = a;                                                                         \
+        for (int j = 0; j < nr; j++) {                                                                   \
+            const WBLOCK *x = (const WBLOCK *)((const uint8_t *)w + (size_t)j * ws);                     \
+            __m256 acc = _mm256_setzero_ps();                                                            \
+            for (int ib = 0; ib < k / QK; ++ib) {                                                        \
+                _mm_prefetch((const char *)(x + ib) + LLE_PREFETCH, _MM_HINT_T0);                        \
+                const __m256 d = _mm256_set1_ps(h2f(x[ib].d) * as[ib]);                                  \
+                acc = _mm256_fmadd_ps(d, dot_i8_float(UNPACK(x[ib]), _mm256_loadu_si256((const __m256i *)y[ib].qs)), acc); \
+            }                                                                                            \
+            out[j] = hsum_float_8(acc);                                                                  \
+        }                                                                                                \
+    }
+
+ROW_Q80(q4_0, block_q4_0, W_Q4_0)
+ROW_Q80(q5_0, block_q5_0, W_Q5_0)
+ROW_Q80(q8_0, block_q8_0, W_Q8_0)
+
+static void vec_dot_q4_1(int n, float *LLE_RESTRICT s, const void *LLE_RESTRICT vx, const void *LLE_RESTRICT vy) {
+    const block_q4_1 *x = vx;
+    const block_q8_1 *y = vy;
+    __m256 acc = _mm256_setzero_ps();
+    float summs = 0;
+    for (int ib = 0; ib < n / QK; ++ib) {
+        summs = fmaf(h2f(x[ib].m), h2f(y[ib].s), summs);
+        const __m256 d0d1 = _mm256_set1_ps(h2f(x[ib].d) * h2f(y[ib].d));
+        acc = _mm256_fmadd_ps(d0d1, dot_us8_float(W_Q4_1(x[ib]), _mm256_loadu_si256((const __m256i *)y[ib].qs)), acc);
+    }
+    *s = hsum_float_8(acc) + summs;
+}
+
+static void gemv_q4_1(int k, const void *w, size_t ws, int nr, const void *a, const float *as, float *out) {
+    const int nb = k / QK;
+    const block_q8_1 *y = a;
+    const float *yd = as, *ys = as + nb;
+    for (int j = 0; j < nr; j++) {
+        const block_q4_1 *x = (const block_q4_1 *)((const uint8_t *)w + (size_t)j * ws);
+        __m256 acc = _mm256_setzero_ps();
+        float summs = 0;
+        for (int ib = 0; ib < nb; ++ib) {
+            _mm_prefetch((const char *)(x + ib) + LLE_PREFETCH, _MM_HINT_T0);
+            const __m128 dm = h2f_pair(&x[ib].d);
+            summs = fmaf(_mm_cvtss_f32(_mm_movehdup_ps(dm)), ys[ib], summs);
+            const __m256 d0d1 = _mm256_set1_ps(_mm_cvtss_f32(dm) * yd[ib]);
+            acc = _mm256_fmadd_ps(d0d1, dot_us8_float(W_Q4_1(x[ib]), _mm256_loadu_si256((const __m256i *)y[ib].qs)), acc);
+        }
+        out[j] = hsum_float_8(acc) + summs;
+    }
+}
+
+static void vec_dot_q5_1(int n, float *LLE_RESTRICT s, const void *LLE_RESTRICT vx, const void *LLE_RESTRICT vy) {
+    const block_q5_1 *x = vx;
+    const block_q8_1 *y = vy;
+    __m256 acc = _mm256_setzero_ps();
+    float summs = 0.0f;
+    for (int ib = 0; ib < n / QK; ++ib) {
+        const __m256 dx = _mm256_set1_ps(h2f(x[ib].d));
+        summs += h2f(x[ib].m) * h2f(y[ib].s);
+        const __m256 dy = _mm256_set1_ps(h2f(y[ib].d));
+        acc = _mm256_fmadd_ps(dot_us8_float(W_Q5_1(x[ib]), _mm256_loadu_si256((const __m256i *)y[ib].qs)),
+                              _mm256_mul_ps(dx, dy), acc);
+    }
+    *s = hsum_float_8(acc) + summs;
+}
+
+static void gemv_q5_1(int k, const void *w, size_t ws, int nr, const void *a, const float *as, float *out) {
+    const int nb = k / QK;
+    const block_q8_1 *y = a;
+    const float *yd = as, *ys = as + nb;
+    for (int j = 0; j < nr; j++) {
+        const block_q5_1 *x = (const block_q5_1 *)((const uint8_t *)w + (size_t)j * ws);
+        __m256 acc = _mm256_setzero_ps();
+        float summs = 0;
+        for (int ib = 0; ib < nb; ++ib) {
+            const __m128 dm = h2f_pair(&x[ib].d);
+            summs += _mm_cvtss_f32(_mm_movehdup_ps(dm)) * ys[ib];
+            const __m256 dxdy = _mm256_set1_ps(_mm_cvtss_f32(dm) * yd[ib]);
+            acc = _mm256_fmadd_ps(dot_us8_float(W_Q5_1(x[ib]), _mm256_loadu_si256((const __m256i *)y[ib].qs)), dxdy, acc);
+        }
+        out[j] = hsum_float_8(acc) + summs;
+    }
+}
+
+/* ---------------------------------------------------------------- prefill tiles, 32-value blocks */
+/* A tile multiplies weight rows with a group of up to four activation rows. The activations are
+ * first laid out per block for 512-bit use (act_blk, a chunk of blocks at a time): rows 2p and
+ * 2p+1 side by side in one register, their float block scales spread over the matching halves, and
+ * for signed weights the correction below. A signed weight w enters vpdpbusd as the unsigned byte
+ * w ^ 0x80 = w + 128, which adds 128 * (sum of the 4 activation bytes) to each int32 lane; the lane
+ * starts from minus that amount, so the lane total is the exact sum of w * y, as in AVX2. */
+
+typedef struct {
+    __m512i y[4];   /* rows (0,1), (2,3), (4,5), (6,7): 32 quants each */
+    __m512i nc[4];  /* -128 * sum of each 4 quants (signed-weight types) */
+    __m512 sc[4];   /* dy of the rows, 8 lanes each */
+} act_blk;
+
+#define TILE_CHUNK 16  /* activation blocks laid out at a time (12 KB, with the weights in L1) */
+#define TILE_ROWS 64   /* weight rows whose accumulators persist across chunks */
+
+/* the layout of NP row pairs; `sc` holds the scales of consecutive 4-row groups (d[nb][4], s[nb][4]) */
+static void act_layout(act_blk *buf, const int NP, const uint8_t *a, size_t as, const float *sc, int nb, int nr,
+                       int b0, int bn, int correct, size_t act_block_bytes, size_t qs_offset) {
+    const __m512i m128 = _mm512_set1_epi8((char)0x80);
+    for (int i = 0; i < bn; i++) {
+        const int ib = b0 + i;
+        for (int p = 0; p < NP; p++) {
+            __m256i q[2];
+            for (int h = 0; h < 2; h++) {
+                const int r = 2 * p + h;
+                q[h] = r < nr ? _mm256_loadu_si256((const __m256i *)(a + (size_t)r * as + (size_t)ib * act_block_bytes + qs_offset))
+                              : _mm256_setzero_si256();
+            }
+            const __m512i y = _mm512_inserti64x4(_mm512_castsi256_si512(q[0]), q[1], 1);
+            buf[i].y[p] = y;
+            buf[i].nc[p] = correct ? _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), m128, y))
+                                   : _mm512_setzero_si512();
+            const __m128 s4 = _mm_loadu_ps(sc + (size_t)(p / 2) * 8 * nb + 4 * ib);
+            const int l = 2 * (p % 2);
+            const __m512i idx = _mm512_set_epi32(l + 1, l + 1, l + 1, l + 1, l + 1, l + 1, l + 1, l + 1, l, l, l, l, l, l, l, l);
+            buf[i].sc[p] = _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(s4));
+        }
+    }
+}
+
+/* weight kinds of the tile */
+enum { WK_Q4_0, WK_Q5_0, WK_Q8_0, WK_Q4_1, WK_Q5_1 };
+
+/* [w | w] as vpdpbusd's unsigned operand: w + 128 for the signed kinds, w itself for Q4_1/Q5_1 */
+LLE_INLINE __m512i unpack_x2(const int kind, const uint8_t *blk) {
+    switch (kind) {
+    case WK_Q4_0:  /* (nib - 8) + 128 */
+        return _mm512_add_epi8(nibbles_x2(blk + 2), _mm512_set1_epi8(120));
+    case WK_Q5_0:  /* (nib | (bit ? 0 : 0xF0)) + 128 = nib | (bit ? 0x80 : 0x70) */
+        return _mm512_or_si512(nibbles_x2(blk + 6), _mm512_mask_blend_epi8(bits_x2(blk + 2), _mm512_set1_epi8(0x70),
+                                                                           _mm512_set1_epi8((char)0x80)));
+    case WK_Q8_0:
+        return _mm512_xor_si512(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 2))),
+                                _mm512_set1_epi8((char)0x80));
+    case WK_Q4_1:
+        return nibbles_x2(blk + 4);
+    default:       /* Q5_1: nib | (bit ? 0x10 : 0) */
+        return _mm512_or_si512(nibbles_x2(blk + 8), _mm512_maskz_mov_epi8(bits_x2(blk + 4), _mm512_set1_epi8(0x10)));
+    }
+}
+
+/* up to 2 * NP activation rows (a tile of 8 rows is two 4-row groups: tile_rows = 8 below) */
+LLE_INLINE void tile32(const int kind, const int NP, int k, const uint8_t *w, size_t ws, int nc, const uint8_t *a,
+                       size_t as, const float *sc, int nr, float *out, size_t ldo) {
+    const int nb = k / QK;
+    const int has_min = kind == WK_Q4_1 || kind == WK_Q5_1;
+    const size_t wbytes = kind == WK_Q4_0 ? sizeof(block_q4_0) : kind == WK_Q5_0 ? sizeof(block_q5_0)
+                        : kind == WK_Q8_0 ? sizeof(block_q8_0) : kind == WK_Q4_1 ? sizeof(block_q4_1) : sizeof(block_q5_1);
+    const size_t abytes = has_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
+    const size_t qoff = has_min ? offsetof(block_q8_1, qs) : offsetof(block_q8_0, qs);
+    act_blk buf[TILE_CHUNK];
+    __m512 accs[TILE_ROWS][4];
+    __m128 summs[TILE_ROWS][2];
+    for (int j0 = 0; j0 < nc; j0 += TILE_ROWS) {
+        const int jn = nc - j0 < TILE_ROWS ? nc - j0 : TILE_ROWS;
+        for (int b0 = 0; b0 < nb; b0 += TILE_CHUNK) {
+            const int bn = nb - b0 < TILE_CHUNK ? nb - b0 : TILE_CHUNK;
+            act_layout(buf, NP, a, as, sc, nb, nr, b0, bn, !has_min, abytes, qoff);
+            for (int j = 0; j < jn; j++) {
+                const uint8_t *x = w + (size_t)(j0 + j) * ws + (size_t)b0 * wbytes;
+                __m512 acc[4];
+                __m128 sm[2];
+#pragma GCC unroll 4
+                for (int p = 0; p < NP; p++) acc[p] = b0 ? accs[j][p] : _mm512_setzero_ps();
+                for (int g = 0; g < NP / 2; g++) sm[g] = b0 ? summs[j][g] : _mm_setzero_ps();
+                for (int i = 0; i < bn; i++, x += wbytes) {
+                    const __m512i wu = unpack_x2(kind, x);
+                    __m512 dx;
+                    if (has_min) {
+                        const __m128 dm = h2f_pair(x);
+                        const __m128 m = _mm_permute_ps(dm, 0x55);
+                        for (int g = 0; g < NP / 2; g++) {
+                            const __m128 s4 = _mm_loadu_ps(sc + (size_t)g * 8 * nb + 4 * (nb + b0 + i));
+                            sm[g] = kind == WK_Q4_1 ? _mm_fmadd_ps(m, s4, sm[g]) : _mm_add_ps(sm[g], _mm_mul_ps(m, s4));
+                        }
+                        dx = _mm512_broadcastss_ps(dm);
+                    } else {
+                        dx = _mm512_set1_ps(h2f(*(const lle_half *)x));
+                    }
+#pragma GCC unroll 4
+                    for (int p = 0; p < NP; p++) {
+                        const __m512 pf = lle512_cvtepi32_ps(_mm512_dpbusd_epi32(buf[i].nc[p], wu, buf[i].y[p]));
+                        acc[p] = _mm512_fmadd_ps(_mm512_mul_ps(dx, buf[i].sc[p]), pf, acc[p]);
+                    }
+                }
+#pragma GCC unroll 4
+                for (int p = 0; p < NP; p++) accs[j][p] = acc[p];
+                for (int g = 0; g < NP / 2; g++) summs[j][g] = sm[g];
+            }
+        }
+        for (int j = 0; j < jn; j++) {
+            float sm[8];
+            for (int g = 0; g < NP / 2; g++) _mm_storeu_ps(sm + 4 * g, summs[j][g]);
+            for (int r = 0; r < nr; r++) {
+                const __m512 v = accs[j][r / 2];
+                const float t = hsum_float_8(r % 2 ? hi256_ps(v) : _mm512_castps512_ps256(v));
+                out[(size_t)r * ldo + j0 + j] = has_min ? t + sm[r] : t;
+            }
+        }
+    }
+}
+
+#define TILE32(NAME, KIND)                                                                               \
+    static void tile_##NAME(int k, const void *w, size_t ws, int nc, const void *a, size_t as, const float *sc, \
+                            int nr, float *out, size_t ldo) {                                            \
+        if (nr > 4) tile32(KIND, 4, k, w, ws, nc, a, as, sc, nr, out, ldo);                             \
+        else tile32(KIND, 2, k, w, ws, nc, a, as, sc, nr, out, ldo);                                     \
+    }
+TILE32(q4_0, WK_Q4_0)
+TILE32(q5_0, WK_Q5_0)
+TILE32(q8_0, WK_Q8_0)
+TILE32(q4_1, WK_Q4_1)
+TILE32(q5_1, WK_Q5_1)
+
+/* ---------------------------------------------------------------- Q4_K, repacked order (decode) */
+/* The GEMV order of llama.cpp's repacked Q4_K (korder_avx2.inc: vec_dot_q4_K_r8): per block the
+ * exact integers s1 (scales * quants . activations) and s2 (mins * bsums), then two fused
+ * multiply-adds. Here s1 comes from 512-bit maddubs + vpdpwssd, 64 values per step. */
+
+LLE_INLINE void k4_utmp(const uint8_t *scales, uint32_t *utmp) {
+    const uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
+    memcpy(utmp, scales, 12);
+    utmp[3] = ((utmp[2] >> 4) & kmask2) | (((utmp[1] >> 6) & kmask3) << 4);
+    const uint32_t uaux = utmp[1] & kmask1;
+    utmp[1] = (utmp[2] & kmask2) | (((utmp[0] >> 6) & kmask3) << 4);
+    utmp[2] = uaux;
+    utmp[0] &= kmask1;
+}
+
+LLE_INLINE int32_t hsum_i32_16(__m512i v) {
+    const __m256i a = _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+    __m128i b = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    b = _mm_add_epi32(b, _mm_unpackhi_epi64(b, b));
+    b = _mm_add_epi32(b, _mm_shuffle_epi32(b, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(b);
+}
+
+static const uint16_t k_q4k_scale_idx[4][32] = {
+    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1},
+    {2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3},
+    {4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5},
+    {6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7},
+};
+
+LLE_INLINE void ints_q4_K(const block_q4_K *x, const block_q8_K *y, int32_t *s1, int32_t *s2) {
+    uint32_t utmp[4];
+    k4_utmp(x->scales, utmp);
+    const __m128i mins_scales = _mm_set_epi32((int)utmp[3], (int)utmp[2], (int)utmp[1], (int)utmp[0]);
+    const __m128i q8s = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)y->bsums), _mm_loadu_si128((const __m128i *)(y->bsums + 8)));
+    const __m128i prod = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_srli_si128(mins_scales, 8)), q8s);
+    __m128i t = _mm_add_epi32(prod, _mm_unpackhi_epi64(prod, prod));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(2, 3, 0, 1)));
+    *s2 = _mm_cvtsi128_si32(t);
+    const __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(mins_scales));
+    const __m512i shift = _mm512_set_epi64(4 * 0x0001000100010001ll, 4 * 0x0001000100010001ll, 4 * 0x0001000100010001ll,
+                                           4 * 0x0001000100010001ll, 0, 0, 0, 0);
+    const __m512i m4 = _mm512_set1_epi8(0xF);
+    __m512i acc = _mm512_setzero_si512();
+    for (int j = 0; j < QK_K / 64; ++j) {
+        const __m512i q4 = _mm512_and_si512(_mm512_srlv_epi16(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(x->qs + 32 * j))), shift), m4);
+        const __m512i p = _mm512_maddubs_epi16(q4, _mm512_loadu_si512((const void *)(y->qs + 64 * j)));
+        acc = _mm512_dpwssd_epi32(acc, p, _mm512_permutexvar_epi16(_mm512_loadu_si512((const void *)k_q4k_scale_idx[j]), sc16));
+    }
+    *s1 = hsum_i32_16(acc);
+}
+
+static void vec_dot_q4_K_r8(int n, float *LLE_RESTRICT s, const void *LLE_RESTRICT vx, const void *LLE_RESTRICT vy) {
+    const block_q4_K *x = vx;
+    const block_q8_K *y = vy;
+    float acc = 0, accm = 0;
+    for (int i = 0; i < n / QK_K; ++i) {
+        _mm_prefetch((const char *)(x + i) + LLE_PREFETCH, _MM_HINT_T0);
+        _mm_prefetch((const char *)(x + i) + LLE_PREFETCH + 64, _MM_HINT_T0);
+        int32_t s1, s2;
+        ints_q4_K(x + i, y + i, &s1, &s2);
+        acc = fmaf((float)s1, h2f(x[i].d) * y[i].d, acc);
+        accm = fmaf((float)s2, h2f(x[i].dmin) * y[i].d, accm);
+    }
+    *s = acc - accm;
+}
+
+/* ---------------------------------------------------------------- Q6_K */
+/* Per 128 values j of a block: A = [q4_0 | q4_1] and B = [q4_2 | q4_3] in AVX2's names (6-bit
+ * quants against activation bytes 128j..+63 and +64..+127), then maddubs and vpdpwssd with each
+ * word's 16-value scale. Lane l < 8 of the 512-bit total holds AVX2's lane l of q4_0 and q4_2, lane
+ * l + 8 that of q4_1 and q4_3: AVX2's 8-lane sum is the sum of the two halves. The -32 offset
+ * (AVX2's q8sclsub: 32 * scale * bsums) enters the low half through one more vpdpwssd. */
+
+static const uint16_t k_q6_scale_idx[4][32] = {
+    {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3},
+    {4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5, 6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7},
+    {8, 8, 8, 8, 8, 8, 8, 8, 9, 9, 9, 9, 9, 9, 9, 9, 10, 10, 10, 10, 10, 10, 10, 10, 11, 11, 11, 11, 11, 11, 11, 11},
+    {12, 12, 12, 12, 12, 12, 12, 12, 13, 13, 13, 13, 13, 13, 13, 13, 14, 14, 14, 14, 14, 14, 14, 14, 15, 15, 15, 15, 15, 15, 15, 15},
+};
+
+typedef struct {
+    __m512i q[4];   /* A0, B0, A1, B1 */
+    __m512i sc[4];  /* their word scales */
+    __m512i neg32;  /* -32 * scale, words 0..15, zero above */
+} q6_unpacked;
+
+LLE_INLINE void q6_unpack(const block_q6_K *x, q6_unpacked *u) {
+    const __m512i m15 = _mm512_set1_epi8(15), m48 = _mm512_set1_epi8(48);
+    const __m512i shl = _mm512_set_epi64(0x0002000200020002ll, 0x0002000200020002ll, 0x0002000200020002ll, 0x0002000200020002ll,
+                                         0x0004000400040004ll, 0x0004000400040004ll, 0x0004000400040004ll, 0x0004000400040004ll);
+    const __m512i shr = _mm512_set_epi64(0x0002000200020002ll, 0x0002000200020002ll, 0x0002000200020002ll, 0x0002000200020002ll,
+                                         0, 0, 0, 0);
+    for (int j = 0; j < 2; j++) {
+        const __m512i l = _mm512_loadu_si512((const void *)(x->ql + 64 * j));
+        const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(x->qh + 32 * j)));
+        u->q[2 * j] = _mm512_or_si512(_mm512_and_si512(l, m15), _mm512_and_si512(_mm512_sllv_epi16(h, shl), m48));
+        u->q[2 * j + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m15), _mm512_and_si512(_mm512_srlv_epi16(h, shr), m48));
+    }
+    const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x->scales));
+    const __m512i s16z = _mm512_castsi256_si512(s16);
+    for (int i = 0; i < 4; i++) u->sc[i] = _mm512_permutexvar_epi16(_mm512_loadu_si512((const void *)k_q6_scale_idx[i]), s16z);
+    u->neg32 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_mullo_epi16(s16, _mm256_set1_epi16(-32)), 0);
+}
+
+LLE_INLINE __m512i q6_sumi(const q6_unpacked *u, const block_q8_K *y) {
+    __m512i sumi = _mm512_dpwssd_epi32(_mm512_setzero_si512(),
+                                       _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_loadu_si256((const __m256i *)y->bsums), 0),
+                                       u->neg32);
+    for (int i = 0; i < 4; i++)
+        sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(u->q[i], _mm512_loadu_si512((const void *)(y->qs + 64 * i))), u->sc[i]);
+    return sumi;
+}
+
+static void vec_dot_q6_K(int n, float *LLE_RESTRICT s, const void *LLE_RESTRICT vx, const void *LLE_RESTRICT vy) {
+    const block_q6_K *x = vx;
+    const block_q8_K *y = vy;
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < n / QK_K; ++i) {
+        _mm_prefetch((const char *)(x + i) + LLE_PREFETCH, _MM_HINT_T0);
+        _mm_prefetch((const char *)(x + i) + LLE_PREFETCH + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)(x + i) + LLE_PREFETCH + 128, _MM_HINT_T0);
+        const float d = y[i].d * h2f(x[i].d);
+        q6_unpacked u;
+        q6_unpack(x + i, &u);
+        const __m512i z = q6_sumi(&u, y + i);
+        const __m256i sumi = _mm256_add_epi32(_mm512_castsi512_si256(z), _mm512_extracti64x4_epi64(z, 1));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    *s = hsum_float_8(acc);
+}
+
+/* the four lane totals of four 16-lane int32 vectors: [sum v0, sum v1, sum v2, sum v3] */
+LLE_INLINE __m128i hsum4x16(__m512i v0, __m512i v1, __m512i v2, __m512i v3) {
+    const __m512i s01 = _mm512_add_epi32(_mm512_unpacklo_epi32(v0, v1), _mm512_unpackhi_epi32(v0, v1));
+    const __m512i s23 = _mm512_add_epi32(_mm512_unpacklo_epi32(v2, v3), _mm512_unpackhi_epi32(v2, v3));
+    const __m512i t = _mm512_add_epi32(_mm512_unpacklo_epi64(s01, s23), _mm512_unpackhi_epi64(s01, s23));
+    const __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(t), _mm512_extracti64x4_epi64(t, 1));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+#define ACT_ROW(r) ((const block_q8_K *)(a + (size_t)((r) < nr ? (r) : 0) * as))
+
+/* the tiled K-quant GEMM order of Q6_K (korder_avx2.inc): per block, the four rows' totals s1,
+ * then buf = fma(d * s1, dy, buf) in the lanes of a 128-bit vector */
+static void tile_q6_K_tiled(int k, const void *w, size_t ws, int nc, const void *av, size_t as, const float *sc,
+                            int nr, float *out, size_t ldo) {
+    (void)sc;
+    const uint8_t *a = av;
+    for (int jr = 0; jr < nc; jr++) {
+        const block_q6_K *x = (const block_q6_K *)((const uint8_t *)w + (size_t)jr * ws);
+        __m128 buf = _mm_setzero_ps();
+        for (int i = 0; i < k / QK_K; ++i) {
+            q6_unpacked u;
+            q6_unpack(x + i, &u);
+            const __m128i s1 = hsum4x16(q6_sumi(&u, ACT_ROW(0) + i), q6_sumi(&u, ACT_ROW(1) + i),
+                                        q6_sumi(&u, ACT_ROW(2) + i), q6_sumi(&u, ACT_ROW(3) + i));
+            const __m128 dy = _mm_set_ps(ACT_ROW(3)[i].d, ACT_ROW(2)[i].d, ACT_ROW(1)[i].d, ACT_ROW(0)[i].d);
+            const __m128 res = _mm_mul_ps(_mm_set1_ps(h2f(x[i].d)), _mm_cvtepi32_ps(s1));
+            buf = _mm_fmadd_ps(res, dy, buf);
+        }
+        float res[4];
+        _mm_storeu_ps(res, buf);
+        for (int r = 0; r < nr; r++) out[(size_t)r * ldo + jr] = res[r];
+    }
+}
+
+#undef ACT_ROW
+
+/* ---------------------------------------------------------------- registration */
+
+/* the AVX2 entry of a type with some slots replaced: the slots not replaced keep AVX2's kernels,
+ * which compute the same values (a type's kernels are taken from one tier, see api.c) */
+static lle_kernels from_avx2(int t) { return lle_kernels_avx2[t]; }
+
+void LLE_AVX512_REGISTER(void) {
+    lle_kernels *t = LLE_AVX512_TABLE;
+    lle_kernels k;
+    k = from_avx2(T_Q4_0); k.vec_dot = vec_dot_q4_0; k.gemv = gemv_q4_0; k.tile = tile_q4_0; k.tile_rows = 8; t[T_Q4_0] = k;
+    k = from_avx2(T_Q5_0); k.vec_dot = vec_dot_q5_0; k.gemv = gemv_q5_0; k.tile = tile_q5_0; k.tile_rows = 8; t[T_Q5_0] = k;
+    k = from_avx2(T_Q8_0); k.vec_dot = vec_dot_q8_0; k.gemv = gemv_q8_0; k.tile = tile_q8_0; k.tile_rows = 8; t[T_Q8_0] = k;
+    k = from_avx2(T_Q4_1); k.vec_dot = vec_dot_q4_1; k.gemv = gemv_q4_1; k.tile = tile_q4_1; k.tile_rows = 8; t[T_Q4_1] = k;
+    k = from_avx2(T_Q4_K); k.vec_dot_r8 = vec_dot_q4_K_r8; t[T_Q4_K] = k;
+    k = from_avx2(T_Q6_K); k.vec_dot = vec_dot_q6_K; k.tile_tiled = tile_q6_K_tiled; t[T_Q6_K] = k;
+    k = from_avx2(T_Q5_1); k.vec_dot = vec_dot_q5_1; k.gemv = gemv_q5_1; k.tile = tile_q5_1; k.tile_rows = 8; t[T_Q5_1] = k;
+}
+
+#if defined(__clang__) && !defined(LLE_AVX512_SIMDE)
+#pragma clang attribute pop
+#endif
+
+#else /* not x86 */
+
+lle_kernels lle_kernels_avx512[T_COUNT];
 void lle_register_avx512(void) {}
+
+#endif

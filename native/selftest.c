@@ -126,6 +126,47 @@ static void test_types(int isa) {
     free(x); free(out); free(w); free(qa); free(qb);
 }
 
+/* an ISA whose kernels promise the summation order of another (AVX-512 of AVX2): the products, on
+ * the decode and every prefill path (tiles, repacked and tiled K-quant orders, m % 8 == 0 or not,
+ * chunked activations), must be equal bit for bit */
+static void test_bitexact(int isa, int ref_isa) {
+    static const int types[] = {T_F32, T_F16, T_BF16, T_Q4_0, T_Q4_1, T_Q5_0, T_Q5_1, T_Q8_0, T_Q2_K,
+                                T_Q3_K, T_Q4_K, T_Q5_K, T_Q6_K, T_IQ4_NL, T_IQ4_XS};
+    static const int ms[] = {37, 40}, ks[] = {512, 2304}, ns[] = {1, 3, 5, 8, 13};
+    const int kmax = 2304, mmax = 40, nmax = 13;
+    float *x = malloc(sizeof(float) * nmax * kmax), *oa = malloc(sizeof(float) * nmax * mmax);
+    float *ob = malloc(sizeof(float) * nmax * mmax);
+    uint8_t *w = malloc(1 << 20), *qa = malloc(1 << 20), *qb = malloc(1 << 20);
+    for (int i = 0; i < nmax * kmax; i++) x[i] = rndf() * 3.0f;
+    for (unsigned ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++)
+        for (int mi = 0; mi < 2; mi++)
+            for (int ki = 0; ki < 2; ki++) {
+                const int t = types[ti], m = ms[mi], k = ks[ki], vt = lle_vec_type(t);
+                const long long rs = lle_row_size(t, k), vs = lle_row_size(vt, k);
+                random_weights(t, m, k, w);
+                lle_set_isa(ref_isa);
+                lle_quantize_act(vt, x, 1, k, qa);
+                lle_vec_dot(t, k, w, qa, oa);
+                lle_set_isa(isa);
+                lle_quantize_act(vt, x, 1, k, qb);
+                lle_vec_dot(t, k, w, qb, ob);
+                CHECK(memcmp(qa, qb, (size_t)vs) == 0, "%s activations differ", lle_type_traits[vt].name);
+                CHECK(memcmp(oa, ob, sizeof(float)) == 0, "%s vec_dot k=%d: %.9g vs %.9g", lle_type_traits[t].name, k,
+                      ob[0], oa[0]);
+                for (int ni = 0; ni < 5; ni++) {
+                    const int n = ns[ni];
+                    lle_set_isa(ref_isa);
+                    lle_matmul(t, w, rs, m, k, x, n, oa, m);
+                    lle_set_isa(isa);
+                    lle_matmul(t, w, rs, m, k, x, n, ob, m);
+                    for (int i = 0; i < n * m; i++)
+                        CHECK(memcmp(oa + i, ob + i, sizeof(float)) == 0, "%s matmul m=%d k=%d n=%d [%d]: %.9g vs %.9g",
+                              lle_type_traits[t].name, m, k, n, i, ob[i], oa[i]);
+                }
+            }
+    free(x); free(oa); free(ob); free(w); free(qa); free(qb);
+}
+
 static void compare(const char *what, const float *a, const float *b, int n, float tol) {
     float mag = 0, err = 0;
     for (int i = 0; i < n; i++) {
@@ -163,10 +204,37 @@ static void test_ops(int isa) {
     }
 }
 
+#if defined(LLE_SELFTEST_SIMDE)
+/* selftest_simde.c: the AVX-512 source compiled against SIMDe, run as the AVX-512 tier */
+extern lle_kernels lle_kernels_avx512_simde[T_COUNT];
+void lle_register_avx512_simde(void);
+
+static int use_simde_avx512(void) {
+    if (!lle_isa_available(ISA_AVX2)) {
+        printf("FAIL: the SIMDe AVX-512 check compares with the AVX2 kernels; this CPU has no AVX2\n");
+        return 0;
+    }
+    lle_register_avx512_simde();
+    memcpy(lle_kernels_avx512, lle_kernels_avx512_simde, sizeof(lle_kernels_avx512));
+    lle_test_add_cpu_features(LLE_CPU_AVX512F | LLE_CPU_AVX512BW | LLE_CPU_AVX512VL | LLE_CPU_AVX512DQ |
+                              LLE_CPU_AVX512VNNI);
+    printf("avx512 kernels: SIMDe\n");
+    return lle_isa_available(ISA_AVX512);
+}
+#endif
+
 int main(void) {
+    unsetenv("LLMEDGE_ISA");  /* every tier of this CPU is tested */
     lle_init(2);
     static const char *isa_names[] = {"scalar", "avx2", "avx512", "neon"};
     int tested = 0;
+#if defined(LLE_SELFTEST_SIMDE)
+    if (!use_simde_avx512()) failures++;
+#endif
+    if (lle_isa_available(ISA_AVX512) && lle_isa_available(ISA_AVX2)) {
+        printf("testing avx512 against avx2, bit for bit\n");
+        test_bitexact(ISA_AVX512, ISA_AVX2);
+    }
     for (int isa = 1; isa < ISA_COUNT; isa++) {
         if (!lle_isa_available(isa)) continue;
         printf("testing %s against scalar\n", isa_names[isa]);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up everything the test suite needs on a fresh machine, then run it.
 # System packages (Debian): tmux, for the terminal tests that drive a real terminal; the aarch64
-# cross compiler and qemu-user, to build the ARM NEON kernels and run their self-test here.
+# cross compiler and qemu-user, to build the ARM NEON kernels and run their self-test here;
+# libsimde-dev, to run the AVX-512 kernels' self-test on CPUs without AVX-512.
 # Python: a venv with the test extras and MLX (its CPU build on Linux: the mlx backend's tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,6 +10,7 @@ missing=()
 command -v tmux >/dev/null || missing+=(tmux)
 command -v aarch64-linux-gnu-gcc >/dev/null || missing+=(gcc-aarch64-linux-gnu)
 command -v qemu-aarch64 >/dev/null || missing+=(qemu-user)
+[ -f /usr/include/simde/x86/avx512.h ] || missing+=(libsimde-dev)
 if [ ${#missing[@]} -gt 0 ]; then
     sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
     $sudo apt-get update -qq && $sudo apt-get install -y -qq "${missing[@]}" >/dev/null

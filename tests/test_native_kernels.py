@@ -57,14 +57,18 @@ def available_isas() -> list[str]:
     return ISAS
 
 
-@pytest.fixture(params=["scalar", "simd"])
+def tiers_here() -> list[str]:
+    """Every kernel tier this machine executes (``LLMEDGE_ISA`` hides the tiers above the one it names,
+    so ``LLMEDGE_ISA=avx2`` runs these tests as on an AVX2-only machine)."""
+    return NativeBackend.available_isas() if NativeBackend.available() else ["scalar"]
+
+
+@pytest.fixture(params=tiers_here())
 def isa(request: pytest.FixtureRequest, be: NativeBackend) -> str:
-    """Each test runs on the scalar kernels and on the best SIMD ISA of this CPU."""
-    isas = available_isas()
-    name = "scalar" if request.param == "scalar" else isas[-1]
-    be.set_isa(name)
-    yield name
-    be.set_isa(isas[-1])
+    """Each test runs on every tier of this CPU: scalar, then avx2 / avx512 or neon."""
+    be.set_isa(request.param)
+    yield request.param
+    be.set_isa(available_isas()[-1])
 
 
 def make_tensor(raw: np.ndarray, t: T, m: int, k: int, name: str = "w") -> TensorInfo:
@@ -168,6 +172,16 @@ def test_llmedge_isa_variable_forces_a_lower_isa() -> None:
         env = dict(os.environ, LLMEDGE_ISA=want)
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
         assert out.stdout.strip() == want
+
+
+def test_show_names_the_kernel_tier_in_use(smollm2_path: Path) -> None:
+    for want in (available_isas()[-1], "scalar"):
+        env = dict(os.environ, LLMEDGE_ISA=want, LLMEDGE_BACKEND="native")
+        r = subprocess.run([sys.executable, "-m", "llmedge.cli.main", "show", str(smollm2_path)], env=env,
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        line = next(ln for ln in r.stdout.splitlines() if ln.strip().startswith("kernel tier"))
+        assert line.split()[2] == want, line
 
 
 def test_every_weight_type_has_a_kernel(be: NativeBackend) -> None:
@@ -430,7 +444,7 @@ def test_ops_reproduce_llamacpp_outputs(be: NativeBackend, isa: str) -> None:
     from llmedge._native import lib
 
     doc = json.loads(GGML_FIXTURE.read_text(encoding="utf-8"))
-    bitwise = isa == "avx2" and platform.machine().lower() in ("x86_64", "amd64")
+    bitwise = isa in ("avx2", "avx512") and platform.machine().lower() in ("x86_64", "amd64")
     prev = lib.lle_act_rounding_mode()
     lib.lle_set_act_rounding(1)  # the fixture was made by ggml's x86 quantizers
     try:
@@ -619,6 +633,23 @@ def test_c_selftest_simd_against_scalar(tmp_path: Path) -> None:
     exe = tmp_path / "selftest"
     _build_selftest(os.environ.get("CC", "cc"), exe, [])
     res = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and "PASSED" in res.stdout, res.stdout
+
+
+def test_c_selftest_avx512_through_simde_equals_avx2_bitwise(tmp_path: Path) -> None:
+    """The AVX-512 kernels compiled against SIMDe (native/selftest_simde.c), so that CPUs without
+    AVX-512 check them too: every product equal to the AVX2 tier's bit for bit."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        skip_or_fail("the AVX-512 tier is compared with the AVX2 kernels, which need an x86 CPU")
+    exe = tmp_path / "selftest_simde"
+    try:
+        _build_selftest(os.environ.get("CC", "cc"), exe, ["-DLLE_SELFTEST_SIMDE", "-Wno-psabi"])
+    except subprocess.CalledProcessError as e:
+        if "simde/" in e.stderr and "No such file" in e.stderr:
+            pytest.fail("needs SIMDe's headers (Debian: libsimde-dev; scripts/test.sh installs it)")
+        raise AssertionError(e.stderr[-2000:]) from None
+    res = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
+    assert "avx512 kernels: SIMDe" in res.stdout and "testing avx512 against avx2, bit for bit" in res.stdout, res.stdout
     assert res.returncode == 0 and "PASSED" in res.stdout, res.stdout
 
 

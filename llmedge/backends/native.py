@@ -9,7 +9,7 @@ K-quant GEMM for 8+ rows, the repacked Q4_K GEMV/GEMM) and the same fused multip
 tests/test_native_kernels.py. Not yet reproduced: llama.cpp's repacked Q4_0 and IQ4_NL kernels.
 
 The C library holds one process-wide thread pool and one kernel table chosen from CPUID
-(``LLMEDGE_ISA=scalar|avx2|avx512|neon`` forces a lower ISA); every ``NativeBackend`` shares them,
+(``LLMEDGE_ISA=scalar|avx2|avx512|neon`` forces a tier and hides the ones above it); every ``NativeBackend`` shares them,
 and the last one created sets the thread count. Every op accepts an optional ``out=`` buffer so
 callers can avoid per-token allocations.
 """
