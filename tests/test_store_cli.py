@@ -121,7 +121,8 @@ def test_load_applies_system_messages_and_parameters(populated: Path, monkeypatc
     greedy = [c.token for c in m.generate("x", max_tokens=3, temperature=0)]
     assert [c.token for c in m.generate("x")] == greedy  # PARAMETER temperature 0 makes it greedy
     own_system = [{"role": "system", "content": "S"}, {"role": "user", "content": "x"}]
-    assert m._with_defaults(own_system) == own_system
+    assert m._with_defaults(own_system) == [  # Ollama's /api/chat: MESSAGEs first, the own SYSTEM kept
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "the sky is blue"}, *own_system]
 
 
 def test_pull_of_a_catalog_model_already_in_the_store_downloads_nothing(tmp_path: Path, smollm2_path: Path) -> None:
