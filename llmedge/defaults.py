@@ -107,5 +107,8 @@ def request_options(config: dict[str, Any], sampling: dict[str, Any], max_tokens
 
 def apply(model: Any, config: dict[str, Any]) -> None:
     """Make `model` use `config` as its defaults (see the module docstring)."""
+    if not hasattr(model, "gguf_template"):  # the file's own template, kept for a later apply
+        model.gguf_template = model.template
+    model.template = model.gguf_template
     model.defaults = dict(config)
     model.template, model.template_origin = template_choice(config, model)
