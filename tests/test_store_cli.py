@@ -171,3 +171,17 @@ def test_chat_starts_with_the_modelfile_system_messages_and_parameters(populated
     assert s.system == "You are\nterse." and [x["role"] for x in s.messages] == ["user", "assistant"]
     assert s.params["temperature"] == 0 and s.params["num_predict"] == 3 and s.params["top_k"] == 7
     assert s.params["stop"] == ["<|user|>", "###"]
+
+
+def test_show_says_whether_the_models_go_template_is_used(populated: Path) -> None:
+    good = populated / "Good"
+    good.write_text('FROM tiny\nTEMPLATE """{{ range .Messages }}<|{{ .Role }}|>{{ .Content }}\n{{ end }}"""\n')
+    ok(llmedge_cmd(populated, "create", "good", "-f", str(good)))
+    out = ok(llmedge_cmd(populated, "show", "good"))
+    assert "template used       modelfile (the model's Go template, rendered as Ollama does)" in out
+    assert ok(llmedge_cmd(populated, "show", "good", "--template")).startswith("{{ range .Messages }}")
+    bad = populated / "Bad"
+    bad.write_text('FROM tiny\nTEMPLATE "{{ range .Messages }}{{ .Content }}"\n')
+    ok(llmedge_cmd(populated, "create", "bad", "-f", str(bad)))
+    out = ok(llmedge_cmd(populated, "show", "bad"))
+    assert "template used       gguf (the model's Go template does not render: go template: unclosed" in out
