@@ -362,12 +362,28 @@ class _Cut(Exception):
     pass
 
 
+class JSONMap(dict):
+    """A map whose String() is its JSON (Ollama's templateArgs and templateProperties)."""
+
+
+class JSONList(list):
+    """A slice whose String() is its JSON (Ollama's templateTools)."""
+
+
+def _go_order(value: Any) -> Any:
+    """`value` with keys in json.Marshal's order: struct fields as declared, map keys sorted."""
+    if isinstance(value, Struct):
+        return value.json_value if value.json_value is not None else {k: _go_order(v) for k, v in value.items()}
+    if isinstance(value, dict):
+        return {str(k): _go_order(value[k]) for k in sorted(value, key=str)}
+    if isinstance(value, list | tuple):
+        return [_go_order(v) for v in value]
+    return value
+
+
 def go_json(value: Any) -> str:
     """json.Marshal's text: compact, map keys sorted, <, > and & escaped."""
-    if isinstance(value, Struct) and value.json_value is not None:
-        value = value.json_value
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=not isinstance(value, Struct),
-                      default=str)
+    text = json.dumps(_go_order(value), ensure_ascii=False, separators=(",", ":"), default=str)
     return (text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
             .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
 
@@ -382,7 +398,7 @@ def go_str(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, float):
         return repr(value) if not value.is_integer() or abs(value) >= 1e21 else str(int(value))
-    if isinstance(value, Struct):
+    if isinstance(value, Struct | JSONMap | JSONList):
         return go_json(value)
     if isinstance(value, list | tuple):
         return "[" + " ".join(go_str(v) for v in value) + "]"
@@ -724,7 +740,7 @@ def _tool_call(call: dict[str, Any], index: int) -> Struct:
         except json.JSONDecodeError:
             args = {}
     return Struct(ID=call.get("id") or "", Function=Struct(Index=fn.get("index", index), Name=fn.get("name") or "",
-                                                           Arguments=args))
+                                                           Arguments=JSONMap(args)))
 
 
 def _message(m: dict[str, Any]) -> Struct:
@@ -734,15 +750,35 @@ def _message(m: dict[str, Any]) -> Struct:
                   or "", ToolCallID=m.get("tool_call_id") or "")
 
 
+_PROPERTY_FIELDS = ("anyOf", "type", "items", "description", "enum", "properties", "required")
+
+
+def _property_json(p: Any) -> Any:
+    """An api.ToolProperty as json.Marshal writes it (declared field order, empty fields left out)."""
+    if not isinstance(p, dict):
+        return p
+    out = {k: p[k] for k in _PROPERTY_FIELDS if p.get(k)}
+    if "anyOf" in out:
+        out["anyOf"] = [_property_json(x) for x in out["anyOf"]]
+    if "properties" in out:
+        out["properties"] = {k: _property_json(v) for k, v in sorted(out["properties"].items())}
+    return out
+
+
 def _tool(t: dict[str, Any]) -> Struct:
     fn = t.get("function") or {}
     params = fn.get("parameters") or {}
+    props = JSONMap(params.get("properties") or {})
     value = Struct(Type=t.get("type") or "function", Items=t.get("items"), Function=Struct(
         Name=fn.get("name") or "", Description=fn.get("description") or "",
         Parameters=Struct(Type=params.get("type") or "", Defs=params.get("$defs"), Items=params.get("items"),
-                          Required=list(params.get("required") or []),
-                          Properties=dict(params.get("properties") or {}))))
-    value.json_value = t
+                          Required=list(params.get("required") or []), Properties=props)))
+    parameters = {"type": params.get("type") or "", **{k: params[k] for k in ("$defs", "items", "required")
+                                                       if params.get(k)},
+                  "properties": {k: _property_json(v) for k, v in sorted(props.items())}}
+    value.json_value = {"type": t.get("type") or "function", **({"items": t["items"]} if t.get("items") else {}),
+                        "function": {"name": fn.get("name") or "", "description": fn.get("description") or "",
+                                     "parameters": parameters}}
     return value
 
 
@@ -767,7 +803,7 @@ def render_chat(template: GoTemplate, messages: list[dict[str, Any]],
     base = {"Think": False, "ThinkLevel": "", "IsThinkSet": False}
     if template.uses_messages:
         data = {**base, "System": system, "Messages": [_message(m) for m in msgs],
-                "Tools": [_tool(t) for t in tools] if tools else None, "Response": ""}
+                "Tools": JSONList(_tool(t) for t in tools) if tools else None, "Response": ""}
         return execute(template, data)
     out: list[str] = []
     turn = {"System": "", "Prompt": "", "Response": ""}

@@ -121,3 +121,28 @@ def test_a_render_is_bounded_and_reaches_no_python() -> None:
     for source in ('{{ eq 1 "1" }}', "{{ lt 1 2.5 }}", "{{ eq .M 1 }}"):
         with pytest.raises(GoTemplateError, match="incompatible"):
             run(source, {"M": [1]})
+
+
+TOOL_TEMPLATE = """{{- if .Tools }}Tools: {{ range .Tools }}{{ json . }}
+{{ end }}{{ end }}
+{{- range .Messages }}
+{{- if .ToolCalls }}{{ range .ToolCalls }}{"name": "{{ .Function.Name }}", "parameters": {{ .Function.Arguments }}}{{ end }}
+{{- else }}{{ .Role }}: {{ .Content }}
+{{ end }}{{ end }}"""
+
+
+def test_tools_and_tool_calls_print_as_ollamas_json() -> None:
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "Weather <now>",
+        "parameters": {"type": "object", "required": ["city"], "properties": {
+            "unit": {"type": "string", "enum": ["c", "f"]}, "city": {"type": "string", "description": "City"}}}}}]
+    messages = [{"role": "user", "content": "weather in Paris?"},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"function": {"name": "get_weather", "arguments": {"unit": "c", "city": "Paris"}}}]},
+                {"role": "tool", "content": "18"}]
+    out = render_chat(parse(TOOL_TEMPLATE), messages, tools)
+    assert out == ('Tools: {"type":"function","function":{"name":"get_weather","description":"Weather \\u003cnow'
+                   '\\u003e","parameters":{"type":"object","required":["city"],"properties":{"city":{"type":"string",'
+                   '"description":"City"},"unit":{"type":"string","enum":["c","f"]}}}}}\nuser: weather in Paris?\n'
+                   '{"name": "get_weather", "parameters": {"city":"Paris","unit":"c"}}tool: 18\n')
+    assert render_chat(parse(TOOL_TEMPLATE), messages[:1]) == "user: weather in Paris?\n"
