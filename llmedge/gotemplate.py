@@ -336,7 +336,10 @@ def parse(source: str, ollama: bool = True) -> GoTemplate:
     if len(source) > MAX_SOURCE:
         raise GoTemplateError(f"go template: longer than {MAX_SOURCE} characters")
     p = _Parser(source)
-    nodes = p.parse()
+    try:
+        nodes = p.parse()
+    except RecursionError:
+        raise GoTemplateError("go template: nested too deeply") from None
     if ollama and "messages" not in p.idents and "response" not in p.idents:  # Ollama appends {{ .Response }}
         nodes.append(Node("action", len(source), pipe=Pipe([], False, [[("field", None, ["Response"])]])))
         p.response_pos = len(source)

@@ -104,6 +104,7 @@ def test_functions_follow_go() -> None:
 @pytest.mark.parametrize("source", [
     "{{ range .Messages }}", "{{ end }}", "{{ .Content }", "{{ template \"x\" }}", "{{ define \"x\" }}{{ end }}",
     "{{ exec \"ls\" }}", "{{ call .F }}", "{{ break }}", "{{ if }}{{ end }}", "{{ (1 }}",
+    "{{ " + "(" * 5000 + "1" + ")" * 5000 + " }}", "{{ if 1 }}" * 3000 + "{{ end }}" * 3000,
 ])
 def test_templates_outside_the_subset_do_not_parse(source: str) -> None:
     with pytest.raises(GoTemplateError):
