@@ -147,3 +147,26 @@ def test_tools_and_tool_calls_print_as_ollamas_json() -> None:
                    '"description":"City"},"unit":{"type":"string","enum":["c","f"]}}}}}\nuser: weather in Paris?\n'
                    '{"name": "get_weather", "parameters": {"city":"Paris","unit":"c"}}tool: 18\n')
     assert render_chat(parse(TOOL_TEMPLATE), messages[:1]) == "user: weather in Paris?\n"
+
+
+# gemma3-instruct.gotmpl ends with a newline after its last action, which Ollama's output keeps
+@pytest.mark.parametrize(("model", "template", "extra"), [("smollm2", "chatml.gotmpl", ""),
+                                                          ("gemma3", "gemma3-instruct.gotmpl", "\n")])
+def test_ollamas_template_for_a_real_model_gives_the_ggufs_prompt_ids(model_paths: dict[str, Path], model: str,
+                                                                      template: str, extra: str) -> None:
+    from types import SimpleNamespace
+
+    from llmedge.defaults import template_choice
+    from llmedge.gguf import GGUFFile
+    from llmedge.template import ChatTemplate
+    from llmedge.tokenizer import Tokenizer
+
+    meta = GGUFFile(model_paths[model]).metadata
+    tok = Tokenizer.from_metadata(meta)
+    gguf = ChatTemplate.from_metadata(meta, tok)
+    go, origin = template_choice({"template": (FIXTURES / template).read_text()},
+                                 SimpleNamespace(template=gguf, tokenizer=tok))
+    assert origin.startswith("modelfile (the model's Go template")
+    chat = CONVERSATIONS["system-user-assistant-user"]
+    assert go.render(chat) == (FIXTURES / "expected" / template / "system-user-assistant-user").read_text()
+    assert go.encode(chat) == gguf.prompt_ids(gguf.render(chat) + extra)
