@@ -130,3 +130,13 @@ def test_a_model_re_created_under_its_name_serves_its_new_defaults(env: dict[str
     want = expected_ids(env["local"], [{"role": "system", "content": "Now loud."}, *HISTORY,
                                        {"role": "user", "content": "why?"}])
     assert after.context[:len(want)] == want and after.eval_count == 1
+
+
+def test_a_stop_parameter_ends_the_reply_unless_the_request_sets_its_own(env: dict[str, Any]) -> None:
+    client = env["client"]
+    full = client.generate(model="terse", prompt="why?", options={"stop": ["\x00never"]}).response
+    assert len(full) >= 2  # greedy (temperature 0) on a fixed random model
+    stop = full[-1]
+    assert client.create(model="stopper", from_="terse", parameters={"stop": [stop]}).status == "success"
+    assert client.generate(model="stopper", prompt="why?", options={"stop": ["\x00never"]}).response == full
+    assert client.generate(model="stopper", prompt="why?").response == full[:full.index(stop)]
