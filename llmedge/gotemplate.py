@@ -663,9 +663,12 @@ class _Run:
                 return self.logic(first[1], args, extra, dot)
             values = [self.operand(a, dot) for a in args] + extra
             try:
-                return _PLAIN[first[1]](*values)
+                result = _PLAIN[first[1]](*values)
             except TypeError:
                 raise GoTemplateError(f"go template: wrong number of arguments for {first[1]}") from None
+            if isinstance(result, str) and len(result) > MAX_OUTPUT:  # e.g. a printf doubling a variable
+                raise GoTemplateError(f"go template: a value exceeds {MAX_OUTPUT} characters")
+            return result
         if len(cmd) > 1 or piped is not _NOTHING:
             raise GoTemplateError("go template: can't give argument to non-function")
         return self.operand(first, dot)

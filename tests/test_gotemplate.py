@@ -116,6 +116,8 @@ def test_a_render_is_bounded_and_reaches_no_python() -> None:
         run("{{ range 100000 }}{{ range 100000 }}x{{ end }}{{ end }}", {})
     with pytest.raises(GoTemplateError, match="output"):
         run("{{ range 100000 }}" + "x" * 1000 + "{{ end }}", {})
+    with pytest.raises(GoTemplateError, match="exceeds"):
+        run('{{ $s := "ab" }}{{ range 200 }}{{ $s = printf "%s%s" $s $s }}{{ end }}{{ len $s }}', {})
     assert run("{{ .__class__ }}{{ .Messages.__len__ }}", {"Messages": {}}) == "<no value><no value>"
     with pytest.raises(GoTemplateError, match="can't evaluate field"):
         render_chat(parse("{{ range .Messages }}{{ .__class__ }}{{ end }}"), [GREETING])
