@@ -140,3 +140,13 @@ def test_a_stop_parameter_ends_the_reply_unless_the_request_sets_its_own(env: di
     assert client.create(model="stopper", from_="terse", parameters={"stop": [stop]}).status == "success"
     assert client.generate(model="stopper", prompt="why?", options={"stop": ["\x00never"]}).response == full
     assert client.generate(model="stopper", prompt="why?").response == full[:full.index(stop)]
+
+
+def test_openai_completions_use_the_models_num_predict_when_max_tokens_is_unset(env: dict[str, Any]) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=env["url"] + "/v1", api_key="unused")
+    r = client.completions.create(model="terse", prompt="why?")
+    assert 1 <= r.usage.completion_tokens <= 3  # PARAMETER num_predict 3, not OpenAI's 16
+    r = client.completions.create(model="terse", prompt="why?", max_tokens=16, stop=["\x00never"])
+    assert r.usage.completion_tokens > 3  # the request's max_tokens wins

@@ -90,6 +90,7 @@ class GenSpec:
     logprobs: bool = False
     top_logprobs: int = 0
     collect_ids: bool = False
+    default_max_tokens: int | None = None  # when neither the request nor the model's num_predict says
 
 
 class GenerationTask:
@@ -119,6 +120,8 @@ class GenerationTask:
                                  spec.logprobs, spec.top_logprobs)
         if n_keep is None and spec.keep_from is not None:
             n_keep = model.system_keep(with_defaults(model.defaults, spec.keep_from), ids)
+        if max_tokens is None:
+            max_tokens = spec.default_max_tokens
         max_tokens = max_tokens if max_tokens is not None and max_tokens >= 0 else model.n_ctx
         return GenRequest(ids, sampler, max_tokens, stop, n_keep)
 
@@ -734,8 +737,6 @@ class Server:
         if body.get("suffix"):
             raise HTTPError(400, f"'{name}' does not support suffix")
         p = oa.parse_sampling(body)
-        if p["max_tokens"] is None:
-            p["max_tokens"] = 16
         echo = self.flag(body, "echo", False)
         lp = body.get("logprobs")
         top = 0 if lp is None else int(ol.number(lp, "logprobs", int))
@@ -752,7 +753,7 @@ class Server:
             return model.tokenize(prompt, add_bos=True, special=True) if prompt else [model.tokenizer.bos_id or 0]
 
         spec = GenSpec(build, p["sampling"], p["max_tokens"], p["stop"], grammar=grammar,
-                       logprobs=lp is not None, top_logprobs=top)
+                       logprobs=lp is not None, top_logprobs=top, default_max_tokens=16)
         job = self.submit(None, key, path, task=GenerationTask(spec, self.sched.stats))
         cid, created = oa.new_id("cmpl"), int(time.time())
         prefix = prompt if echo and isinstance(prompt, str) else ""
