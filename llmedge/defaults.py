@@ -2,9 +2,10 @@
 
 `apply(model, config)` makes a loaded :class:`~llmedge.api.Model` use them: PARAMETERs become the
 default generation options (a caller's options win), SYSTEM and MESSAGEs are put before a
-conversation that has no system message of its own, and TEMPLATE replaces the GGUF's chat template
-when it is a Jinja template that renders. Ollama's Go templates (`{{ .Prompt }}`, `{{ range
-.Messages }}`) are not rendered: the GGUF's Jinja template is used and `template_origin` says so.
+conversation as Ollama's /api/chat and /api/generate put them, and TEMPLATE replaces the GGUF's chat
+template when it renders: a Jinja template in the sandbox, an Ollama Go template (`{{ range .Messages
+}}`) with :mod:`llmedge.gotemplate`. One that does not parse or render leaves the GGUF's Jinja template
+in place, and `template_origin` says which is used and why.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def template_choice(config: dict[str, Any], model: Any) -> tuple[Any, str]:
     if not isinstance(source, str) or not source.strip():
         return gguf, f"{gguf.name} (the GGUF's chat template)" if gguf.name == "gguf" else gguf.name
     if is_go_template(source):
-        return gguf, "gguf (the model's Go template cannot be rendered; using the GGUF's Jinja template)"
+        return go_template_choice(source, model)
     candidate = ChatTemplate(source, bos_token=gguf.bos_token, eos_token=gguf.eos_token,
                              tokenizer=model.tokenizer, name="modelfile")
     try:
@@ -49,19 +50,65 @@ def template_choice(config: dict[str, Any], model: Any) -> tuple[Any, str]:
     return candidate, "modelfile (the model's Jinja TEMPLATE)"
 
 
+def go_template_choice(source: str, model: Any) -> tuple[Any, str]:
+    """The model's Go template when it parses and renders a sample chat, else the GGUF's template."""
+    from .gotemplate import GoChatTemplate
+
+    gguf = model.template
+    try:
+        candidate = GoChatTemplate(source, bos_token=gguf.bos_token, eos_token=gguf.eos_token,
+                                   tokenizer=model.tokenizer)
+        candidate.render([{"role": "system", "content": "s"}, {"role": "user", "content": "hi"},
+                          {"role": "assistant", "content": "a"}, {"role": "user", "content": "b"}])
+    except LlmedgeError as e:
+        return gguf, f"gguf (the model's Go template does not render: {e}; using the GGUF's Jinja template)"
+    return candidate, "modelfile (the model's Go template, rendered as Ollama does)"
+
+
 def with_defaults(config: dict[str, Any], messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """`messages` preceded by the SYSTEM prompt and MESSAGEs of the defaults, unless the conversation
-    brings its own system message."""
-    if messages and messages[0].get("role") == "system":
+    """A chat as Ollama's /api/chat builds it: the MESSAGEs of the defaults, then `messages`; the SYSTEM
+    prompt goes first unless the conversation brings its own system message."""
+    if not config:
         return messages
-    head: list[dict[str, Any]] = []
-    if config.get("system"):
-        head.append({"role": "system", "content": config["system"]})
-    head += [dict(m) for m in config.get("messages") or []]
-    return head + messages
+    out = [dict(m) for m in config.get("messages") or []] + list(messages)
+    if config.get("system") and not (messages and messages[0].get("role") == "system"):
+        out.insert(0, {"role": "system", "content": config["system"]})
+    return out
+
+
+def generate_messages(config: dict[str, Any], prompt: str, system: str | None = None,
+                      with_history: bool = True) -> list[dict[str, Any]]:
+    """The chat Ollama's /api/generate templates: the request's `system` (else the SYSTEM default), the
+    MESSAGEs unless the request continues a `context`, then the prompt as the user's message."""
+    out: list[dict[str, Any]] = []
+    system = system or config.get("system")
+    if system:
+        out.append({"role": "system", "content": system})
+    if with_history:
+        out += [dict(m) for m in config.get("messages") or []]
+    return out + [{"role": "user", "content": prompt}]
+
+
+def request_options(config: dict[str, Any], sampling: dict[str, Any], max_tokens: int | None,
+                    stop: tuple[str, ...], num_keep: int | None) -> tuple[dict[str, Any], int | None,
+                                                                          tuple[str, ...], int | None]:
+    """A request's (sampling, max_tokens, stop, num_keep) over the PARAMETERs: what the request sets wins."""
+    params = generation_options(config)
+    base = {k: v for k, v in params.items() if k in SamplingOptions.__dataclass_fields__}
+    if max_tokens is None and params.get("num_predict") is not None:
+        max_tokens = int(params["num_predict"])
+    if not stop and params.get("stop"):
+        given = params["stop"]
+        stop = (given,) if isinstance(given, str) else tuple(given)
+    if num_keep is None and params.get("num_keep") is not None:
+        num_keep = int(params["num_keep"])
+    return {**base, **sampling}, max_tokens, stop, num_keep
 
 
 def apply(model: Any, config: dict[str, Any]) -> None:
     """Make `model` use `config` as its defaults (see the module docstring)."""
+    if not hasattr(model, "gguf_template"):  # the file's own template, kept for a later apply
+        model.gguf_template = model.template
+    model.template = model.gguf_template
     model.defaults = dict(config)
     model.template, model.template_origin = template_choice(config, model)

@@ -71,7 +71,7 @@ def test_list_show_run_cp_in_place_without_writing(tmp_path: Path, ollama_dir: P
     assert rows == ["someone/other:latest", "tiny:1b"] and "(ollama store)" in out.stdout
     shown = cli(tmp_path, "show", "tiny:1b")
     assert shown.returncode == 0, shown.stderr
-    assert str(ollama_dir / "blobs") in shown.stdout and "Go template cannot be rendered" in shown.stdout
+    assert str(ollama_dir / "blobs") in shown.stdout and "Go template, rendered as Ollama does" in shown.stdout
     ran = cli(tmp_path, "run", "TINY:1b", "hi")
     assert ran.returncode == 0 and ran.stdout.strip(), ran.stderr
     assert cli(tmp_path, "run", "tiny:1b", "hi").stdout == ran.stdout  # params layer: temperature 0

@@ -121,7 +121,8 @@ def test_load_applies_system_messages_and_parameters(populated: Path, monkeypatc
     greedy = [c.token for c in m.generate("x", max_tokens=3, temperature=0)]
     assert [c.token for c in m.generate("x")] == greedy  # PARAMETER temperature 0 makes it greedy
     own_system = [{"role": "system", "content": "S"}, {"role": "user", "content": "x"}]
-    assert m._with_defaults(own_system) == own_system
+    assert m._with_defaults(own_system) == [  # Ollama's /api/chat: MESSAGEs first, the own SYSTEM kept
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "the sky is blue"}, *own_system]
 
 
 def test_pull_of_a_catalog_model_already_in_the_store_downloads_nothing(tmp_path: Path, smollm2_path: Path) -> None:
@@ -170,3 +171,17 @@ def test_chat_starts_with_the_modelfile_system_messages_and_parameters(populated
     assert s.system == "You are\nterse." and [x["role"] for x in s.messages] == ["user", "assistant"]
     assert s.params["temperature"] == 0 and s.params["num_predict"] == 3 and s.params["top_k"] == 7
     assert s.params["stop"] == ["<|user|>", "###"]
+
+
+def test_show_says_whether_the_models_go_template_is_used(populated: Path) -> None:
+    good = populated / "Good"
+    good.write_text('FROM tiny\nTEMPLATE """{{ range .Messages }}<|{{ .Role }}|>{{ .Content }}\n{{ end }}"""\n')
+    ok(llmedge_cmd(populated, "create", "good", "-f", str(good)))
+    out = ok(llmedge_cmd(populated, "show", "good"))
+    assert "template used       modelfile (the model's Go template, rendered as Ollama does)" in out
+    assert ok(llmedge_cmd(populated, "show", "good", "--template")).startswith("{{ range .Messages }}")
+    bad = populated / "Bad"
+    bad.write_text('FROM tiny\nTEMPLATE "{{ range .Messages }}{{ .Content }}"\n')
+    ok(llmedge_cmd(populated, "create", "bad", "-f", str(bad)))
+    out = ok(llmedge_cmd(populated, "show", "bad"))
+    assert "template used       gguf (the model's Go template does not render: go template: unclosed" in out

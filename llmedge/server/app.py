@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 import llmedge
+from llmedge.defaults import generate_messages, request_options, with_defaults
 from llmedge.errors import LlmedgeError, StoreError
 from llmedge.sampling import SamplingOptions
 from llmedge.server import ollama as ol
@@ -89,6 +90,7 @@ class GenSpec:
     logprobs: bool = False
     top_logprobs: int = 0
     collect_ids: bool = False
+    default_max_tokens: int | None = None  # when neither the request nor the model's num_predict says
 
 
 class GenerationTask:
@@ -112,13 +114,16 @@ class GenerationTask:
             reason = "unload" if job.keep_alive == 0 else "load"
             return {**self._base(job, model, ids), "done_reason": reason,
                     "total_duration": time.perf_counter_ns() - job.t_arrival}
-        sampler = RequestSampler(SamplingOptions(**spec.sampling), model.tokenizer, spec.grammar,
+        sampling, max_tokens, stop, n_keep = request_options(model.defaults, spec.sampling, spec.max_tokens,
+                                                             spec.stop, spec.num_keep)
+        sampler = RequestSampler(SamplingOptions(**sampling), model.tokenizer, spec.grammar,
                                  spec.logprobs, spec.top_logprobs)
-        n_keep = spec.num_keep
         if n_keep is None and spec.keep_from is not None:
-            n_keep = model.system_keep(spec.keep_from, ids)
-        max_tokens = spec.max_tokens if spec.max_tokens is not None and spec.max_tokens >= 0 else model.n_ctx
-        return GenRequest(ids, sampler, max_tokens, spec.stop, n_keep)
+            n_keep = model.system_keep(with_defaults(model.defaults, spec.keep_from), ids)
+        if max_tokens is None:
+            max_tokens = spec.default_max_tokens
+        max_tokens = max_tokens if max_tokens is not None and max_tokens >= 0 else model.n_ctx
+        return GenRequest(ids, sampler, max_tokens, stop, n_keep)
 
     def result(self, job: Job, loaded: Loaded, request: GenRequest, gen: Any, out_ids: list[int]
                ) -> dict[str, Any]:
@@ -310,9 +315,7 @@ class Server:
             if raw:
                 ids = model.tokenize(prompt, add_bos=not context, special=True)
             else:
-                messages = ([{"role": "system", "content": system}] if system else []) + [
-                    {"role": "user", "content": prompt}]
-                ids = model.template.encode(messages)
+                ids = model.template.encode(generate_messages(model.defaults, prompt, system, not context))
                 bos = model.tokenizer.bos_id
                 if context and ids and ids[0] == bos:
                     ids = ids[1:]
@@ -356,7 +359,7 @@ class Server:
         stream = self.flag(body, "stream", True)
 
         def build(model: Any) -> list[int]:
-            return model.template.encode(messages) if messages else []
+            return model.template.encode(with_defaults(model.defaults, messages)) if messages else []
 
         spec = GenSpec(build, opts["sampling"], opts["max_tokens"], opts["stop"], opts["num_keep"],
                        keep_from=messages, grammar=grammar, logprobs=self.flag(body, "logprobs", False),
@@ -690,7 +693,7 @@ class Server:
         top = self.top_logprobs(body)
         include_usage = isinstance(body.get("stream_options"), dict) and bool(
             body["stream_options"].get("include_usage"))
-        spec = GenSpec(lambda model: model.template.encode(messages), p["sampling"], p["max_tokens"], p["stop"],
+        spec = GenSpec(lambda model: model.template.encode(with_defaults(model.defaults, messages)), p["sampling"], p["max_tokens"], p["stop"],
                        keep_from=messages, grammar=grammar, logprobs=logprobs, top_logprobs=top)
         job = self.submit(None, key, path, task=GenerationTask(spec, self.sched.stats))
         cid, created = oa.new_id("chatcmpl"), int(time.time())
@@ -734,8 +737,6 @@ class Server:
         if body.get("suffix"):
             raise HTTPError(400, f"'{name}' does not support suffix")
         p = oa.parse_sampling(body)
-        if p["max_tokens"] is None:
-            p["max_tokens"] = 16
         echo = self.flag(body, "echo", False)
         lp = body.get("logprobs")
         top = 0 if lp is None else int(ol.number(lp, "logprobs", int))
@@ -752,7 +753,7 @@ class Server:
             return model.tokenize(prompt, add_bos=True, special=True) if prompt else [model.tokenizer.bos_id or 0]
 
         spec = GenSpec(build, p["sampling"], p["max_tokens"], p["stop"], grammar=grammar,
-                       logprobs=lp is not None, top_logprobs=top)
+                       logprobs=lp is not None, top_logprobs=top, default_max_tokens=16)
         job = self.submit(None, key, path, task=GenerationTask(spec, self.sched.stats))
         cid, created = oa.new_id("cmpl"), int(time.time())
         prefix = prompt if echo and isinstance(prompt, str) else ""

@@ -251,6 +251,7 @@ class Scheduler:
             cur = Loaded(job.name, model, job.path, model.n_ctx, size, _short_digest(job.path))
             with self.lock:
                 self.loaded[job.name] = cur
+        _apply_defaults(cur.model, job.name)
         cur.last_used = time.time()
         return cur
 
@@ -450,6 +451,17 @@ class Scheduler:
                 return
             if job is not None:
                 self._end(job, ("error", HTTPError(503, "the server is shutting down")))
+
+
+def _apply_defaults(model: Any, name: str) -> None:
+    """Give a model the server runs its Modelfile/registry defaults (SYSTEM, PARAMETER, TEMPLATE), read
+    again for every request so that a model re-created under the same name is seen at once."""
+    from llmedge.defaults import apply
+    from llmedge.store import Store
+
+    config = Store().config(name)
+    if config != model.defaults:
+        apply(model, config)
 
 
 def _short_digest(path: Path) -> str:
