@@ -185,8 +185,10 @@ def describe_gguf(path: Any) -> dict[str, Any]:
     from collections import Counter
 
     from llmedge.gguf import GGUFFile
+    from llmedge.modelcheck import check_model_file
 
     g = GGUFFile(path)
+    check_model_file(g)
     arch = g.architecture
     n_params = sum(t.n_elements for t in g.tensors.values())
     types = Counter(t.type_name for t in g.tensors.values())
