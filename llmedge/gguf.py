@@ -116,18 +116,21 @@ class _Cursor:
     def u64(self, what: str) -> int:
         return self.scalar("<Q", what)
 
-    def string(self, what: str) -> str:
+    def string(self, what: str, limit: int = MAX_VALUE_BYTES) -> str:
+        """A length-prefixed UTF-8 string (invalid bytes become U+FFFD), decoded straight from the map."""
         n = self.u64(f"length of {what}")
-        if n > MAX_VALUE_BYTES:
-            claim = f"a negative length ({n - (1 << 64)})" if n > INT64_MAX else f"{n} bytes, over the 1 GiB limit"
+        if n > limit:
+            if n > INT64_MAX:
+                claim = f"a negative length ({n - (1 << 64)})"
+            elif limit < MAX_VALUE_BYTES:
+                claim = f"{n} bytes, longer than {limit} bytes"
+            else:
+                claim = f"{n} bytes, over the 1 GiB limit"
             raise GGUFError(f"{what} at byte {self.pos - 8} claims {claim}")
         self.need(n, what)
-        raw = bytes(self.buf[self.pos : self.pos + n])
+        text = str(self.buf[self.pos : self.pos + n], "utf-8", "replace")
         self.pos += n
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError:
-            return raw.decode("utf-8", errors="replace")
+        return text
 
     def strings(self, count: int, what: str) -> list[str]:
         """``count`` consecutive strings (the hot path of loading: vocabularies and merges)."""
@@ -245,11 +248,11 @@ class GGUFFile:
             n_bytes = self._tensor_bytes(name, dims, ggml_type, start)
             if offset != expected:
                 why = "not aligned to " + str(self.alignment) if offset % self.alignment else "not the end of the previous tensor"
-                raise GGUFError(f"tensor '{name}' data offset {offset} is {why} (expected {expected})")
+                raise GGUFError(f"tensor {_q(name)} data offset {offset} is {why} (expected {expected})")
             abs_offset = data_start + offset
             if abs_offset + n_bytes > self.file_size:
                 raise GGUFError(
-                    f"tensor '{name}' data ({n_bytes} bytes at byte {abs_offset}) runs past the end of the "
+                    f"tensor {_q(name)} data ({n_bytes} bytes at byte {abs_offset}) runs past the end of the "
                     f"file ({self.file_size} bytes)"
                 )
             expected = offset + -(-n_bytes // self.alignment) * self.alignment
@@ -276,8 +279,8 @@ class GGUFFile:
         if not key:
             raise GGUFError(f"metadata entry {i} at byte {start} has an empty key")
         if key in self.metadata:
-            raise GGUFError(f"duplicate metadata key '{key}' at byte {start}")
-        vtype = cur.u32(f"value type of '{key}'")
+            raise GGUFError(f"duplicate metadata key {_q(key)} at byte {start}")
+        vtype = cur.u32(f"value type of {_q(key)}")
         self.metadata[key] = self._read_value(cur, vtype, key)
         self.value_types[key] = _TYPE_NAMES[vtype]
 
@@ -291,18 +294,16 @@ class GGUFFile:
 
     def _parse_tensor_info(self, cur: _Cursor, i: int, seen: set[str]) -> tuple[str, tuple[int, ...], int, int, int]:
         start = cur.pos
-        name = cur.string(f"name of tensor {i}")
-        if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
-            raise GGUFError(f"tensor {i} name at byte {start} is longer than {MAX_NAME_BYTES} bytes")
+        name = cur.string(f"name of tensor {i}", MAX_NAME_BYTES)
         if name in seen:
-            raise GGUFError(f"duplicate tensor name '{name}' at byte {start}")
+            raise GGUFError(f"duplicate tensor name {_q(name)} at byte {start}")
         seen.add(name)
-        n_dims = cur.u32(f"rank of tensor '{name}'")
+        n_dims = cur.u32(f"rank of tensor {_q(name)}")
         if not 1 <= n_dims <= MAX_DIMS:
-            raise GGUFError(f"tensor '{name}' has rank {n_dims}; ranks 1 to {MAX_DIMS} are valid")
-        dims = tuple(cur.u64(f"dimension {d} of tensor '{name}'") for d in range(n_dims))
-        ggml_type = cur.u32(f"type of tensor '{name}'")
-        offset = cur.u64(f"data offset of tensor '{name}'")
+            raise GGUFError(f"tensor {_q(name)} has rank {n_dims}; ranks 1 to {MAX_DIMS} are valid")
+        dims = tuple(cur.u64(f"dimension {d} of tensor {_q(name)}") for d in range(n_dims))
+        ggml_type = cur.u32(f"type of tensor {_q(name)}")
+        offset = cur.u64(f"data offset of tensor {_q(name)}")
         return name, dims, ggml_type, offset, start
 
     def _tensor_bytes(self, name: str, dims: tuple[int, ...], ggml_type: int, start: int) -> int:
@@ -310,47 +311,47 @@ class GGUFFile:
         try:
             tr = quant_traits(ggml_type)
         except (KeyError, ValueError):
-            raise GGUFError(f"tensor '{name}' (header byte {start}) has unknown GGML type {ggml_type}") from None
+            raise GGUFError(f"tensor {_q(name)} (header byte {start}) has unknown GGML type {ggml_type}") from None
         if tr.type_size == 0 or tr.block_size == 0:
-            raise GGUFError(f"tensor '{name}' has unsupported GGML type {tr.name}")
+            raise GGUFError(f"tensor {_q(name)} has unsupported GGML type {tr.name}")
         n_elems = 1
         for d in dims:
             if d > INT64_MAX:
-                raise GGUFError(f"tensor '{name}' has a negative dimension ({d - (1 << 64)})")
+                raise GGUFError(f"tensor {_q(name)} has a negative dimension ({d - (1 << 64)})")
             n_elems *= d
         if n_elems > INT64_MAX:
-            raise GGUFError(f"tensor '{name}' dimensions {list(dims)} overflow int64 elements")
+            raise GGUFError(f"tensor {_q(name)} dimensions {list(dims)} overflow int64 elements")
         if dims[0] % tr.block_size:
             raise GGUFError(
-                f"tensor '{name}' row length {dims[0]} is not a multiple of the {tr.name} block size "
+                f"tensor {_q(name)} row length {dims[0]} is not a multiple of the {tr.name} block size "
                 f"{tr.block_size}"
             )
         n_bytes = n_elems // tr.block_size * tr.type_size
         if n_bytes + self.alignment > INT64_MAX:
-            raise GGUFError(f"tensor '{name}' byte size {n_bytes} overflows int64")
+            raise GGUFError(f"tensor {_q(name)} byte size {n_bytes} overflows int64")
         return n_bytes
 
     def _read_value(self, cur: _Cursor, vtype: int, key: str) -> Any:
         if vtype in _SCALAR_TYPES:
-            v = cur.scalar(_SCALAR_TYPES[vtype][0], f"value of '{key}'")
+            v = cur.scalar(_SCALAR_TYPES[vtype][0], f"value of {_q(key)}")
             return float(v) if vtype in (6, 12) else v
         if vtype == _STRING:
-            return cur.string(f"string value of '{key}'")
+            return cur.string(f"string value of {_q(key)}")
         if vtype != _ARRAY:
-            raise GGUFError(f"metadata '{key}' has unknown value type {vtype} (byte {cur.pos - 4})")
-        etype = cur.u32(f"array element type of '{key}'")
-        count = cur.u64(f"array length of '{key}'")
+            raise GGUFError(f"metadata {_q(key)} has unknown value type {vtype} (byte {cur.pos - 4})")
+        etype = cur.u32(f"array element type of {_q(key)}")
+        count = cur.u64(f"array length of {_q(key)}")
         if etype == _ARRAY:
-            raise GGUFError(f"array '{key}' holds arrays: nested arrays are not supported")
+            raise GGUFError(f"array {_q(key)} holds arrays: nested arrays are not supported")
         if etype not in _SCALAR_TYPES and etype != _STRING:
-            raise GGUFError(f"array '{key}' has unknown element type {etype}")
+            raise GGUFError(f"array {_q(key)} has unknown element type {etype}")
         least = np.dtype(_SCALAR_TYPES[etype][1]).itemsize if etype in _SCALAR_TYPES else 8
         if count * least > MAX_VALUE_BYTES:
-            raise GGUFError(f"array '{key}' of {count} elements is over the 1 GiB limit")
+            raise GGUFError(f"array {_q(key)} of {count} elements is over the 1 GiB limit")
         if count * least > cur.left():
-            raise GGUFError(f"array length {count} of '{key}' is past the end of the file")
+            raise GGUFError(f"array length {count} of {_q(key)} is past the end of the file")
         if etype == _STRING:
-            return cur.strings(count, f"'{key}'")
+            return cur.strings(count, f"{_q(key)}")
         dtype = np.dtype(_SCALAR_TYPES[etype][1]).newbyteorder("<")
         arr = np.frombuffer(self._mmap, dtype=dtype, count=count, offset=cur.pos)
         cur.pos += count * least
@@ -367,13 +368,13 @@ class GGUFFile:
     def _typed(self, key: str, default: Any, types: tuple[type, ...], kind: str) -> Any:
         if key not in self.metadata:
             if default is _REQUIRED:
-                raise GGUFError(f"{self.path}: required metadata '{key}' is missing")
+                raise GGUFError(f"{self.path}: required metadata {_q(key)} is missing")
             return default
         v = self.metadata[key]
         if isinstance(v, bool) and bool not in types:
-            raise GGUFError(f"{self.path}: metadata '{key}' should be {kind}, got bool")
+            raise GGUFError(f"{self.path}: metadata {_q(key)} should be {kind}, got bool")
         if not isinstance(v, types):
-            raise GGUFError(f"{self.path}: metadata '{key}' should be {kind}, got {self.value_types[key]}")
+            raise GGUFError(f"{self.path}: metadata {_q(key)} should be {kind}, got {self.value_types[key]}")
         return v
 
     def get_str(self, key: str, default: Any = None) -> str:
@@ -396,7 +397,7 @@ class GGUFFile:
         try:
             return self.tensors[name]
         except KeyError:
-            raise GGUFError(f"{self.path}: tensor '{name}' is missing") from None
+            raise GGUFError(f"{self.path}: tensor {_q(name)} is missing") from None
 
     def close(self) -> None:
         """Release the mapping (only possible once no tensor view is alive)."""
@@ -413,3 +414,8 @@ class GGUFFile:
 
 
 _REQUIRED = object()
+
+
+def _q(text: str, limit: int = 80) -> str:
+    """A name from the file, quoted for a one-line message: escaped (no newline survives) and cut."""
+    return repr(text[:limit]) + ("..." if len(text) > limit else "")

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from llmedge.errors import GGUFError, ModelError
-from llmedge.gguf import GGUFFile
+from llmedge.gguf import GGUFFile, _q
 
 MAX_LAYERS = 512  # LLAMA_MAX_LAYERS
 MAX_DIM = 1 << 20  # no embedding, feed-forward or head size is near this
@@ -77,7 +77,7 @@ def _check_vocab(g: GGUFFile, tokens: Any, n_vocab: int) -> None:
     for key, v in g.metadata.items():
         if key.startswith("tokenizer.ggml.") and key.endswith("_token_id") and not isinstance(v, bool) \
                 and isinstance(v, int) and not 0 <= v < n_vocab:
-            raise ModelError(f"metadata {key} = {v} is not a token id (the vocabulary has {n_vocab} tokens)")
+            raise ModelError(f"metadata {_q(key)} = {v} is not a token id (the vocabulary has {n_vocab} tokens)")
     for key in ("tokenizer.ggml.scores", "tokenizer.ggml.token_type"):
         v = g.get(key)
         if v is not None and (not isinstance(v, np.ndarray) or v.ndim != 1 or len(v) != n_vocab):
