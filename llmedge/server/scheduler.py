@@ -165,11 +165,11 @@ class Scheduler:
         """Queue ``job``; HTTPError 503 when the slots and the queue are full or the server is stopping."""
         with self.lock:
             if self._stopping:
-                raise HTTPError(503, "the server is shutting down")
+                raise HTTPError(503, "the server is shutting down", headers={"Retry-After": "5"})
             if self.pending >= self.parallel + self.max_queue:
                 self.stats["rejected"] += 1
                 raise HTTPError(503, f"server busy: {self.pending} requests in progress or queued "
-                                     f"(LLMEDGE_MAX_QUEUE={self.max_queue})")
+                                     f"(LLMEDGE_MAX_QUEUE={self.max_queue})", headers={"Retry-After": "1"})
             self.pending += 1
         self._jobs.put(job)
         return job
