@@ -16,14 +16,7 @@ import harness  # noqa: E402
 
 TARGET = "gguf"
 
-try:
-    import atheris
-
-    with atheris.instrument_imports(include=["llmedge"]):
-        from llmedge.errors import LlmedgeError
-        from llmedge.gguf import GGUFFile
-        from llmedge.modelcheck import check_model_file
-except ImportError:  # replaying without atheris (the regression test)
+with harness.instrument(__name__, include=["llmedge"]):
     from llmedge.errors import LlmedgeError
     from llmedge.gguf import GGUFFile
     from llmedge.modelcheck import check_model_file

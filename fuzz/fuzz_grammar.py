@@ -13,12 +13,7 @@ import harness  # noqa: E402
 
 TARGET = "grammar"
 
-try:
-    import atheris
-
-    with atheris.instrument_imports(include=["llmedge.server.grammar"]):
-        from llmedge.server.grammar import compile_schema
-except ImportError:
+with harness.instrument(__name__, include=["llmedge.server.grammar"]):
     from llmedge.server.grammar import compile_schema
 
 from llmedge.server.security import HTTPError  # noqa: E402

@@ -17,12 +17,7 @@ import harness  # noqa: E402
 
 TARGET = "template"
 
-try:
-    import atheris
-
-    with atheris.instrument_imports(include=["llmedge.template", "jinja2"]):
-        import llmedge.template as template_mod
-except ImportError:
+with harness.instrument(__name__, include=["llmedge.template", "jinja2"]):
     import llmedge.template as template_mod
 
 from llmedge.errors import TemplateError  # noqa: E402

@@ -20,12 +20,7 @@ import harness  # noqa: E402
 TARGET = "tokenizer"
 MODELS = ("smollm2:135m", "gemma3:270m")
 
-try:
-    import atheris
-
-    with atheris.instrument_imports(include=["llmedge.tokenizer"]):
-        from llmedge.tokenizer import Tokenizer
-except ImportError:
+with harness.instrument(__name__, include=["llmedge.tokenizer"]):
     from llmedge.tokenizer import Tokenizer
 
 from llmedge.errors import TokenizerError  # noqa: E402

@@ -8,10 +8,12 @@ tests/test_fuzz_regressions.py replays its seeds and regressions without atheris
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 
@@ -24,6 +26,16 @@ def regression_inputs(target: str) -> list[bytes]:
     """Inputs that once crashed ``target`` (fuzz/regressions/<target>/*), each now a fixed bug."""
     d = HERE / "regressions" / target
     return [p.read_bytes() for p in sorted(d.glob("*")) if p.is_file()] if d.is_dir() else []
+
+
+def instrument(module_name: str, include: list[str]) -> Any:
+    """Coverage instrumentation of the imports in the block when fuzzing (the target runs as
+    ``__main__``); nothing when a test imports the target to replay inputs."""
+    if module_name != "__main__":
+        return contextlib.nullcontext()
+    import atheris
+
+    return atheris.instrument_imports(include=include)
 
 
 def fuzz(target: str, one_input: Callable[[bytes], None], seeds: Callable[[], list[bytes]]) -> None:

@@ -2,7 +2,9 @@
 # Set up everything the test suite needs on a fresh machine, then run it.
 # System packages (Debian): tmux, for the terminal tests that drive a real terminal; the aarch64
 # cross compiler and qemu-user, to build the ARM NEON kernels and run their self-test here.
-# Python: a venv with the test extras.
+# Python: a venv with the test and fuzz extras.
+# After the tests, each fuzz target runs briefly (LLMEDGE_FUZZ_SECONDS each, default 12; 0 skips);
+# a long run is `nice -n 19 fuzz/run.sh 600 <target>` (see fuzz/README.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 missing=()
@@ -14,5 +16,9 @@ if [ ${#missing[@]} -gt 0 ]; then
     $sudo apt-get update -qq && $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 python3 -m venv .venv
-.venv/bin/pip install -q -e '.[test]'
-exec .venv/bin/python -m pytest -q --durations=15 "$@"
+.venv/bin/pip install -q -e '.[test,fuzz]'
+.venv/bin/python -m pytest -q --durations=15 "$@"
+fuzz_seconds=${LLMEDGE_FUZZ_SECONDS:-12}
+if [ "$fuzz_seconds" != 0 ]; then
+    fuzz/run.sh "$fuzz_seconds"
+fi
