@@ -97,7 +97,7 @@ class _GGUFVocab:
 
     def __call__(self, s: bytes | str) -> list[int]:
         text = s.decode("utf-8", errors="replace") if isinstance(s, bytes) else s
-        return self._tok.encode(text)
+        return self._tok.encode(text, space_prefix=False)  # forced bytes continue the answer
 
 
 def _user_defined(tokenizer: Any, i: int) -> bool:
