@@ -41,7 +41,10 @@ def _count(g: GGUFFile, key: str, lo: int, hi: int, default: int | None = None) 
 
 
 def _check(g: GGUFFile) -> None:
+    from llmedge.models import model_class
+
     a = g.architecture
+    model_class(a)  # an unsupported architecture is reported as such, before its keys are looked up
     tokens = g.get("tokenizer.ggml.tokens")
     if tokens is None or not hasattr(tokens, "__len__"):
         raise ModelError("the model has no vocabulary (tokenizer.ggml.tokens)")
