@@ -136,6 +136,12 @@ class _RenderTimeout(BaseException):
     template's own error handling cannot swallow it)."""
 
 
+def _line(message: str, limit: int = 500) -> str:
+    """A message built from template text, made one line (an error is one line wherever it is shown)."""
+    flat = " ".join(message.split())
+    return flat if len(flat) <= limit else flat[:limit] + "..."
+
+
 def _size(x: Any) -> int:
     return len(x) if isinstance(x, str | bytes | list | tuple) else 0
 
@@ -344,7 +350,7 @@ def _compile(env: _StrictSandbox, source: str) -> jinja2.Template:
     try:
         ast = env.parse(source)
     except jinja2.TemplateSyntaxError as e:
-        raise TemplateError(f"chat template does not compile (line {e.lineno}): {e.message}") from None
+        raise TemplateError(_line(f"chat template does not compile (line {e.lineno}): {e.message}")) from None
     for node in ast.find_all((jinja2.nodes.Getattr, jinja2.nodes.Getitem, jinja2.nodes.Filter)):
         name = _private_name(node)
         if name is not None:
@@ -354,7 +360,7 @@ def _compile(env: _StrictSandbox, source: str) -> jinja2.Template:
     try:
         return env.from_string(source)
     except jinja2.TemplateSyntaxError as e:  # pragma: no cover - parse() already succeeded
-        raise TemplateError(f"chat template does not compile (line {e.lineno}): {e.message}") from None
+        raise TemplateError(_line(f"chat template does not compile (line {e.lineno}): {e.message}")) from None
 
 
 class ChatTemplate:
@@ -463,13 +469,13 @@ class ChatTemplate:
         except _RenderTimeout:
             raise TemplateError(f"chat template took longer than {RENDER_SECONDS:g} s to render") from None
         except SecurityError as e:
-            raise TemplateError(f"chat template sandbox violation: {e}") from None
+            raise TemplateError(_line(f"chat template sandbox violation: {e}")) from None
         except _RaisedByTemplate as e:
-            raise TemplateError(f"chat template rejected the messages: {e}") from None
+            raise TemplateError(_line(f"chat template rejected the messages: {e}")) from None
         except TemplateError:
             raise
         except Exception as e:  # noqa: BLE001 - any failure inside a template is one clear error
-            raise TemplateError(f"chat template failed to render: {type(e).__name__}: {e}") from None
+            raise TemplateError(_line(f"chat template failed to render: {type(e).__name__}: {e}")) from None
 
     def _render(self, variables: dict[str, Any]) -> str:
         """Render with the output streamed and counted, under the watchdog."""
