@@ -15,8 +15,9 @@ for t in "${targets[@]}"; do
     echo "== fuzz $t for ${secs}s"
     log="fuzz/artifacts/$t/last.log"
     status=0
-    "$PY" "fuzz/fuzz_$t.py" -max_total_time="$secs" -timeout=20 -rss_limit_mb=2560 -max_len=65536 \
-        -print_final_stats=1 -artifact_prefix="fuzz/artifacts/$t/" >"$log" 2>&1 || status=$?
+    # a hard cap on address space too: an allocation a check misses fails instead of eating the machine
+    ( ulimit -v $((4 * 1024 * 1024)); exec "$PY" "fuzz/fuzz_$t.py" -max_total_time="$secs" -timeout=20 -rss_limit_mb=2560 -max_len=65536 \
+        -print_final_stats=1 -artifact_prefix="fuzz/artifacts/$t/" ) >"$log" 2>&1 || status=$?
     grep -E "^stat::(number_of_executed_units|new_units_added|peak_rss_mb)|Error|ERROR|Test unit written" "$log" || true
     [ "$status" -eq 0 ] || { echo "fuzz target $t failed (exit $status); see $log"; exit 1; }
 done

@@ -123,7 +123,7 @@ class _RaisedByTemplate(Exception):
 MAX_RENDER_CHARS = 32 << 20  # the largest prompt (and any string a template builds on the way)
 RENDER_SECONDS = 5.0  # real templates render in milliseconds; a loop that runs longer is refused
 _GROWING_METHODS = frozenset({"replace", "center", "ljust", "rjust", "zfill", "expandtabs", "join"})
-_PCT_BIG = re.compile(r"%[#0\- +]*(?:\*|\d{6,})|%[#0\- +]*\d*\.(?:\*|\d{6,})")  # %-format widths
+_PCT_BIG = re.compile(r"%(?:\([^)]*\))?[#0\- +]*(?:\*|\d{6,}|\d*\.(?:\*|\d{6,}))")  # %-format widths
 _FMT_BIG = re.compile(r"\{[^{}]*:[^{}]*(?:\d{6,}|\{)")  # str.format widths, also computed ones
 
 
@@ -218,28 +218,56 @@ def _check_str_method(s: str, name: str, args: tuple[Any, ...], kwargs: dict[str
 
 
 def _bounded_filter(name: str, check: Any) -> Any:
+    """Jinja's filter ``name``, with ``check`` run on its arguments first (without the context or
+    environment Jinja passes to some filters)."""
     from jinja2.filters import FILTERS
 
     inner = FILTERS[name]
+    skip = 1 if hasattr(inner, "jinja_pass_arg") else 0
 
     def filter_(*args: Any, **kwargs: Any) -> Any:
-        check(*args, **kwargs)
+        check(*args[skip:], **kwargs)
         return inner(*args, **kwargs)
 
     filter_.__name__ = inner.__name__
-    for attr in ("jinja_pass_arg",):
-        if hasattr(inner, attr):
-            setattr(filter_, attr, getattr(inner, attr))
+    if skip:
+        filter_.jinja_pass_arg = inner.jinja_pass_arg  # type: ignore[attr-defined]
     return filter_
 
 
 def _width_check(index: int, key: str) -> Any:
+    """A padding width argument (``center``, ``wordwrap``) no larger than the output bound."""
+
     def check(*args: Any, **kwargs: Any) -> None:
         width = kwargs.get(key, args[index] if len(args) > index else None)
         if isinstance(width, int):
             _bound(width, f"a {key} of {width}")
-        elif isinstance(width, str):
-            _bound(len(width) * max(1, _size(args[-1] if args else "")), f"a {key}")
+
+    return check
+
+
+def _indent_check(s: Any = "", width: Any = 4, *args: Any, **kwargs: Any) -> None:
+    """``indent`` adds its width (a count or a string) to every line."""
+    text = str(s)
+    per_line = len(width) if isinstance(width, str) else width if isinstance(width, int) else 0
+    _bound(len(text) + per_line * (text.count("\n") + 1), "an indent")
+
+
+def _replace_check(s: Any = "", old: Any = "", new: Any = "", count: Any = None, *a: Any, **k: Any) -> None:
+    text, old, new = str(s), str(old), str(new)
+    hits = len(text) + 1 if old == "" else text.count(old)
+    if isinstance(count, int) and count >= 0:
+        hits = min(hits, count)
+    _bound(len(text) + hits * len(new), "a replace")
+
+
+def _count_check(index: int, what: str) -> Any:
+    """``batch`` and ``slice`` make that many items (padding with ``fill_with``)."""
+
+    def check(*args: Any, **kwargs: Any) -> None:
+        n = args[index] if len(args) > index else kwargs.get("linecount", kwargs.get("slices"))
+        if isinstance(n, int):
+            _bound(n, what)
 
     return check
 
@@ -322,9 +350,12 @@ def _make_env() -> _StrictSandbox:
     )
     env.filters["tojson"] = _tojson
     env.filters["center"] = _bounded_filter("center", _width_check(1, "width"))
-    env.filters["indent"] = _bounded_filter("indent", _width_check(1, "width"))
-    env.filters["wordwrap"] = _bounded_filter("wordwrap", _width_check(2, "width"))
+    env.filters["indent"] = _bounded_filter("indent", _indent_check)
+    env.filters["wordwrap"] = _bounded_filter("wordwrap", _width_check(1, "width"))
     env.filters["join"] = _bounded_filter("join", _join_check)
+    env.filters["replace"] = _bounded_filter("replace", _replace_check)
+    env.filters["batch"] = _bounded_filter("batch", _count_check(1, "a batch"))
+    env.filters["slice"] = _bounded_filter("slice", _count_check(1, "a slice"))
     env.filters["format"] = _bounded_filter("format", _format_check)
     env.globals.pop("lipsum", None)  # lipsum(n) writes n paragraphs
     env.globals["raise_exception"] = _raise_exception
@@ -347,6 +378,14 @@ def _private_name(node: jinja2.nodes.Node) -> str | None:
 
 
 def _compile(env: _StrictSandbox, source: str) -> jinja2.Template:
+    try:
+        return _compile_checked(env, source)
+    except (RecursionError, SyntaxError):  # parsing, checking and code generation all recurse over the
+        # nesting, and Python itself compiles at most 20 nested blocks
+        raise TemplateError("chat template does not compile: it is nested too deeply") from None
+
+
+def _compile_checked(env: _StrictSandbox, source: str) -> jinja2.Template:
     try:
         ast = env.parse(source)
     except jinja2.TemplateSyntaxError as e:

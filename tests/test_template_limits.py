@@ -29,7 +29,13 @@ HUGE = {
     "ljust method": "{{ 'x'.ljust(1000000000) }}",
     "zfill method": "{{ '1'.zfill(1000000000) }}",
     "indent filter": "{{ ('a\\n' * 1000) | indent(1000000000) }}",
+    "indent of many lines": "{{ ('a\\n' * 100000) | indent(1000) }}",
+    "indent by a long string": "{{ ('a\\n' * 100000) | indent('x' * 1000) }}",
     "percent width": "{{ '%1000000000d' % 1 }}",
+    "percent width of a named field": "{{ '%(a)1000000000d' % {'a': 1} }}",
+    "replace filter blow-up": "{% set s = 'a' * 100000 %}{{ s | replace('a', s) | length }}",
+    "batch padding": "{{ [1] | batch(1000000000, 'x') | list | length }}",
+    "slice count": "{{ [1] | slice(1000000000) | list | length }}",
     "percent computed width": "{{ '%*d' % (1000000000, 1) }}",
     "format filter width": "{{ '%1000000000s' | format('x') }}",
     "str.format width": "{{ '{:>1000000000}'.format('x') }}",
@@ -67,6 +73,22 @@ def test_a_runaway_loop_is_stopped_by_the_watchdog(monkeypatch: pytest.MonkeyPat
     assert ChatTemplate("{{ messages[0].content }}").render(MESSAGES) == "hi"
 
 
+@pytest.mark.parametrize("depth", [50, 2000, 20000])
+def test_deep_nesting_is_one_template_error(depth: int) -> None:
+    """Found by the template fuzzer: a template nested past the recursion limit raised RecursionError
+    out of the constructor."""
+    for src in ("{% if x %}" * depth + "{% endif %}" * depth, "{{ " + "(" * depth + "1" + ")" * depth + " }}",
+                "{% for a in b %}" * depth + "{% endfor %}" * depth):
+        t = ChatTemplate(src)
+        if t.error is None:
+            assert depth == 50
+            t.render(MESSAGES)
+        else:
+            assert "nested too deeply" in str(t.error) or "does not compile" in str(t.error)
+            with pytest.raises(TemplateError):
+                t.render(MESSAGES)
+
+
 def test_lipsum_is_not_available() -> None:
     with pytest.raises(TemplateError):
         ChatTemplate("{{ lipsum(1000000000) }}").render(MESSAGES)
@@ -75,5 +97,7 @@ def test_lipsum_is_not_available() -> None:
 def test_ordinary_formatting_still_works() -> None:
     src = ("{{ '%s: %5d' % ('n', 3) }}|{{ '%-4s|' | format('ab') }}{{ '{:>4}'.format('x') }}|"
            "{{ 'ab' * 3 }}|{{ 'x' | center(5) }}|{{ messages | tojson(indent=2) | length > 0 }}|"
-           "{{ 'a b'.replace(' ', '--') }}|{{ ', '.join(['a', 'b']) }}|{{ 2 ** 10 }}|{{ '**bold**' }}")
-    assert ChatTemplate(src).render(MESSAGES) == "n:     3|ab  |   x|ababab|  x  |True|a--b|a, b|1024|**bold**"
+           "{{ 'a b'.replace(' ', '--') }}|{{ ', '.join(['a', 'b']) }}|{{ 2 ** 10 }}|{{ '**bold**' }}|"
+           "{{ 'aXb' | replace('X', '-') }}|{{ [1, 2, 3] | batch(2, 0) | list }}|{{ '%(a)3s' % {'a': 1} }}")
+    assert ChatTemplate(src).render(MESSAGES) == ("n:     3|ab  |   x|ababab|  x  |True|a--b|a, b|1024|**bold**|"
+                                                  "a-b|[[1, 2], [3, 0]]|  1")
