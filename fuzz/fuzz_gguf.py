@@ -41,9 +41,10 @@ def test_one_input(data: bytes) -> None:
 
 
 def seeds() -> list[bytes]:
-    from gguf_bytes import minimal, tiny_model
+    from gguf_bytes import ARRAY, STRING, minimal, tiny_model
 
-    return [minimal().build(), tiny_model().build()]
+    words = minimal().kv("test.words", ARRAY, (STRING, [f"w{i}" for i in range(1100)]))  # the native bulk path
+    return [minimal().build(), tiny_model().build(), words.build()]
 
 
 if __name__ == "__main__":

@@ -184,7 +184,9 @@ def _bulk_strings(buf: memoryview, size: int, pos: int, count: int) -> tuple[lis
         return None
     region = np.frombuffer(buf, dtype=np.uint8, count=end - pos, offset=pos).copy()
     keep = np.ones(region.size, dtype=bool)
-    keep[((starts - pos - 8)[:, None] + np.arange(7)).ravel()] = False  # 7 of each prefix's 8 bytes
+    prefix = starts - (pos + 8)
+    for k in range(7):  # 7 of each prefix's 8 bytes (one pass each: no 7x index array)
+        keep[prefix + k] = False
     region[starts - pos - 1] = 0  # the 8th becomes the separator
     joined = region[keep]
     if int(np.count_nonzero(joined == 0)) != count:
