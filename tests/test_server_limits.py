@@ -139,3 +139,21 @@ def test_openai_sampling_values(url: str) -> None:
     assert_400(gen(url, "/v1/chat/completions", messages=msgs, max_tokens="5"), "max_tokens")
     assert_400(gen(url, "/v1/chat/completions", messages=msgs, max_tokens=-5), "max_tokens")
     assert gen(url, "/v1/chat/completions", messages=msgs, max_tokens=2, temperature=1.5).status_code == 200
+
+
+def test_infinite_and_nan_values_are_400_not_500(url: str) -> None:
+    """Found by the requests fuzzer: num_ctx=Infinity reached int() in check_ctx (OverflowError, a 500).
+    JSON has no NaN or Infinity; the body parser now refuses them, and check_ctx refuses them too."""
+    from types import SimpleNamespace
+
+    from llmedge.server.scheduler import Scheduler
+    from llmedge.server.security import HTTPError
+
+    for raw in (b'{"model": "tiny", "prompt": "x", "options": {"num_ctx": Infinity}}',
+                b'{"model": "tiny", "prompt": "x", "keep_alive": NaN}'):
+        r = httpx.post(url + "/api/generate", content=raw, timeout=30)
+        assert_400(r, "is not valid JSON")
+    for v in (float("inf"), float("-inf"), float("nan")):
+        with pytest.raises(HTTPError) as info:
+            Scheduler.check_ctx(SimpleNamespace(max_ctx=4096), v)  # type: ignore[arg-type]
+        assert info.value.status == 400

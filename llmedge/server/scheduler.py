@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import queue
 import threading
@@ -204,7 +205,8 @@ class Scheduler:
     def check_ctx(self, num_ctx: Any) -> int | None:
         if num_ctx is None:
             return None
-        if isinstance(num_ctx, bool) or not isinstance(num_ctx, int | float) or int(num_ctx) != num_ctx:
+        if isinstance(num_ctx, bool) or not isinstance(num_ctx, int | float) or not math.isfinite(num_ctx) \
+                or int(num_ctx) != num_ctx:
             raise HTTPError(400, "option num_ctx must be an integer")
         n = int(num_ctx)
         if n < 8 or n > self.max_ctx:

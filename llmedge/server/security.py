@@ -202,12 +202,16 @@ def _preflight_headers(headers: dict[str, str]) -> dict[str, str]:
     }
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
 def parse_json_body(raw: bytes, path: str) -> dict[str, Any]:
     """The request's JSON object, or an HTTPError 400 saying why not."""
     if not raw.strip():
         raise HTTPError(400, "missing request body")
     try:
-        data = json.loads(raw)
+        data = json.loads(raw, parse_constant=_no_constant)
     except (ValueError, UnicodeDecodeError) as e:
         raise HTTPError(400, f"invalid JSON: {e}") from None
     except RecursionError:
