@@ -443,6 +443,10 @@ def _format_value(value: Any) -> str:
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and a rename: a kill leaves old or new."""
+    from llmedge.fsutil import remove_stale_temps
+
+    remove_stale_temps(path.parent, f".{path.name}.", ".tmp")  # what a killed save left behind
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)

@@ -99,6 +99,7 @@ def show(
 
     from llmedge.backends import choose_backend
     from llmedge.gguf import GGUFFile
+    from llmedge.modelcheck import check_model_file
     from llmedge.models import model_class
     from llmedge.store import Store
     from llmedge.template import ChatTemplate
@@ -113,6 +114,7 @@ def show(
         typer.echo(render(str(path), config), nl=False)
         return
     g = GGUFFile(path)
+    check_model_file(g)
     arch = g.architecture
     model_class(arch)  # unsupported architectures fail here with a clear message
     tok = Tokenizer.from_metadata(g.metadata)

@@ -21,12 +21,15 @@ def tokenize(
 ) -> None:
     """Print the token ids of TEXT, as llama.cpp tokenizes it."""
     from llmedge.gguf import GGUFFile
+    from llmedge.modelcheck import check_model_file
     from llmedge.store import Store
     from llmedge.tokenizer import Tokenizer
 
     if text == "-":
         text = sys.stdin.read()
-    tok = Tokenizer.from_metadata(GGUFFile(Store().resolve(model, pull=True)).metadata)
+    g = GGUFFile(Store().resolve(model, pull=True))
+    check_model_file(g)
+    tok = Tokenizer.from_metadata(g.metadata)
     ids = tok.encode(text, add_bos=bos, special=special)
     if pieces:
         for t in ids:

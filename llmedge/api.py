@@ -14,6 +14,7 @@ from llmedge.engine import DEFAULT_PREFIX_CACHE_BYTES, Chunk, Engine, Timings
 from llmedge.errors import LlmedgeError
 from llmedge.gguf import GGUFFile
 from llmedge.kvcache import check_kv_type
+from llmedge.modelcheck import check_model_file
 from llmedge.models import model_class
 from llmedge.sampling import Sampler, SamplingOptions
 from llmedge.template import ChatTemplate
@@ -33,6 +34,7 @@ class Model:
         self.path = Path(path)
         self.name = name or self.path.name
         self.gguf = GGUFFile(self.path)
+        check_model_file(self.gguf)
         self.backend_name, self.backend_reason = choose_backend(backend)
         self.backend = make_backend(self.backend_name, n_threads)
         self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +25,9 @@ GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4
-MAX_ARRAY_NESTING = 4
 INT64_MAX = (1 << 63) - 1
+MAX_NAME_BYTES = 63  # GGML_MAX_NAME is 64 with the terminating NUL
+MAX_VALUE_BYTES = 1 << 30  # one metadata string or array: past 1 GiB it is an attack, not a model
 
 # GGUF metadata value types -> (struct format, NumPy dtype); STRING (8) and ARRAY (9) are special.
 _SCALAR_TYPES: dict[int, tuple[str, str]] = {
@@ -58,7 +59,7 @@ class TensorInfo:
     dims: tuple[int, ...]  # GGUF order: dims[0] is the row length (innermost)
     offset: int  # absolute byte offset of the data in the file
     n_bytes: int
-    _buffer: np.ndarray
+    _buffer: np.ndarray = field(repr=False)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -115,15 +116,21 @@ class _Cursor:
     def u64(self, what: str) -> int:
         return self.scalar("<Q", what)
 
-    def string(self, what: str) -> str:
+    def string(self, what: str, limit: int = MAX_VALUE_BYTES) -> str:
+        """A length-prefixed UTF-8 string (invalid bytes become U+FFFD), decoded straight from the map."""
         n = self.u64(f"length of {what}")
+        if n > limit:
+            if n > INT64_MAX:
+                claim = f"a negative length ({n - (1 << 64)})"
+            elif limit < MAX_VALUE_BYTES:
+                claim = f"{n} bytes, longer than {limit} bytes"
+            else:
+                claim = f"{n} bytes, over the 1 GiB limit"
+            raise GGUFError(f"{what} at byte {self.pos - 8} claims {claim}")
         self.need(n, what)
-        raw = bytes(self.buf[self.pos : self.pos + n])
+        text = str(self.buf[self.pos : self.pos + n], "utf-8", "replace")
         self.pos += n
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError:
-            return raw.decode("utf-8", errors="replace")
+        return text
 
     def strings(self, count: int, what: str) -> list[str]:
         """``count`` consecutive strings (the hot path of loading: vocabularies and merges)."""
@@ -177,7 +184,9 @@ def _bulk_strings(buf: memoryview, size: int, pos: int, count: int) -> tuple[lis
         return None
     region = np.frombuffer(buf, dtype=np.uint8, count=end - pos, offset=pos).copy()
     keep = np.ones(region.size, dtype=bool)
-    keep[((starts - pos - 8)[:, None] + np.arange(7)).ravel()] = False  # 7 of each prefix's 8 bytes
+    prefix = starts - (pos + 8)
+    for k in range(7):  # 7 of each prefix's 8 bytes (one pass each: no 7x index array)
+        keep[prefix + k] = False
     region[starts - pos - 1] = 0  # the 8th becomes the separator
     joined = region[keep]
     if int(np.count_nonzero(joined == 0)) != count:
@@ -219,6 +228,39 @@ class GGUFFile:
     # -- parsing ---------------------------------------------------------------------------------
     def _parse(self) -> None:
         cur = _Cursor(memoryview(self._mmap), self.file_size)
+        self._parse_preamble(cur)
+        n_tensors = cur.u64("tensor count")
+        n_kv = cur.u64("metadata count")
+        for what, n, least in (("metadata", n_kv, _MIN_KV_BYTES), ("tensor", n_tensors, _MIN_TENSOR_INFO_BYTES)):
+            if n > INT64_MAX:
+                raise GGUFError(f"{what} count {n} is negative as int64")
+            if n * least > cur.left():
+                raise GGUFError(f"{what} count {n} is impossible for a file of {self.file_size} bytes")
+        for i in range(n_kv):
+            self._parse_kv(cur, i)
+        self.alignment = self._alignment()
+        seen: set[str] = set()
+        infos = [self._parse_tensor_info(cur, i, seen) for i in range(n_tensors)]
+        data_start = -(-cur.pos // self.alignment) * self.alignment
+        if data_start > self.file_size:
+            raise GGUFError(f"tensor data section starts at byte {data_start}, past the end of the file")
+        self.data_offset = data_start
+        expected = 0  # each offset is the padded running sum of the sizes before it, as llama.cpp requires
+        for name, dims, ggml_type, offset, start in infos:
+            n_bytes = self._tensor_bytes(name, dims, ggml_type, start)
+            if offset != expected:
+                why = "not aligned to " + str(self.alignment) if offset % self.alignment else "not the end of the previous tensor"
+                raise GGUFError(f"tensor {_q(name)} data offset {offset} is {why} (expected {expected})")
+            abs_offset = data_start + offset
+            if abs_offset + n_bytes > self.file_size:
+                raise GGUFError(
+                    f"tensor {_q(name)} data ({n_bytes} bytes at byte {abs_offset}) runs past the end of the "
+                    f"file ({self.file_size} bytes)"
+                )
+            expected = offset + -(-n_bytes // self.alignment) * self.alignment
+            self.tensors[name] = TensorInfo(name, ggml_type, dims, abs_offset, n_bytes, self._bytes)
+
+    def _parse_preamble(self, cur: _Cursor) -> None:
         cur.need(4, "magic")
         magic = bytes(cur.buf[0:4])
         cur.pos = 4
@@ -226,111 +268,96 @@ class GGUFFile:
             raise GGUFError(f"not a GGUF file: magic is {magic!r}, expected b'GGUF'")
         self.version = cur.u32("version")
         if self.version not in SUPPORTED_VERSIONS:
-            raise GGUFError(f"unsupported GGUF version {self.version} (supported: 2, 3)")
-        n_tensors = cur.u64("tensor count")
-        n_kv = cur.u64("metadata count")
-        if n_kv * _MIN_KV_BYTES > cur.left():
-            raise GGUFError(f"metadata count {n_kv} is impossible for a file of {self.file_size} bytes")
-        if n_tensors * _MIN_TENSOR_INFO_BYTES > cur.left():
-            raise GGUFError(f"tensor count {n_tensors} is impossible for a file of {self.file_size} bytes")
+            swapped = int.from_bytes(self.version.to_bytes(4, "little"), "big")
+            if swapped in SUPPORTED_VERSIONS:
+                raise GGUFError(f"GGUF version {self.version} is version {swapped} byte-swapped: "
+                                "big-endian files are not supported")
+            why = " (GGUF v1 is obsolete)" if self.version == 1 else ""
+            raise GGUFError(f"unsupported GGUF version {self.version}{why} (supported: 2, 3)")
 
-        for i in range(n_kv):
-            start = cur.pos
-            key = cur.string(f"key of metadata entry {i}")
-            if key in self.metadata:
-                raise GGUFError(f"duplicate metadata key '{key}' at byte {start}")
-            vtype = cur.u32(f"value type of '{key}'")
-            self.metadata[key] = self._read_value(cur, vtype, key, 0)
-            self.value_types[key] = _TYPE_NAMES[vtype]
+    def _parse_kv(self, cur: _Cursor, i: int) -> None:
+        start = cur.pos
+        key = cur.string(f"key of metadata entry {i}")
+        if not key:
+            raise GGUFError(f"metadata entry {i} at byte {start} has an empty key")
+        if key in self.metadata:
+            raise GGUFError(f"duplicate metadata key {_q(key)} at byte {start}")
+        vtype = cur.u32(f"value type of {_q(key)}")
+        self.metadata[key] = self._read_value(cur, vtype, key)
+        self.value_types[key] = _TYPE_NAMES[vtype]
 
+    def _alignment(self) -> int:
         alignment = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
-        if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+        if "general.alignment" in self.metadata and self.value_types["general.alignment"] != "uint32":
+            raise GGUFError(f"general.alignment must be a uint32, got {self.value_types['general.alignment']}")
+        if alignment <= 0 or alignment & (alignment - 1):
             raise GGUFError(f"general.alignment must be a positive power of two, got {alignment!r}")
-        self.alignment = alignment
+        return alignment
 
-        infos = []
-        for i in range(n_tensors):
-            start = cur.pos
-            name = cur.string(f"name of tensor {i}")
-            if name in self.tensors or any(name == n for n, *_ in infos):
-                raise GGUFError(f"duplicate tensor name '{name}' at byte {start}")
-            n_dims = cur.u32(f"rank of tensor '{name}'")
-            if not 1 <= n_dims <= MAX_DIMS:
-                raise GGUFError(f"tensor '{name}' has rank {n_dims}; ranks 1 to {MAX_DIMS} are valid")
-            dims = tuple(cur.u64(f"dimension {d} of tensor '{name}'") for d in range(n_dims))
-            ggml_type = cur.u32(f"type of tensor '{name}'")
-            offset = cur.u64(f"data offset of tensor '{name}'")
-            infos.append((name, dims, ggml_type, offset, start))
+    def _parse_tensor_info(self, cur: _Cursor, i: int, seen: set[str]) -> tuple[str, tuple[int, ...], int, int, int]:
+        start = cur.pos
+        name = cur.string(f"name of tensor {i}", MAX_NAME_BYTES)
+        if name in seen:
+            raise GGUFError(f"duplicate tensor name {_q(name)} at byte {start}")
+        seen.add(name)
+        n_dims = cur.u32(f"rank of tensor {_q(name)}")
+        if not 1 <= n_dims <= MAX_DIMS:
+            raise GGUFError(f"tensor {_q(name)} has rank {n_dims}; ranks 1 to {MAX_DIMS} are valid")
+        dims = tuple(cur.u64(f"dimension {d} of tensor {_q(name)}") for d in range(n_dims))
+        ggml_type = cur.u32(f"type of tensor {_q(name)}")
+        offset = cur.u64(f"data offset of tensor {_q(name)}")
+        return name, dims, ggml_type, offset, start
 
-        data_start = -(-cur.pos // alignment) * alignment
-        if data_start > self.file_size:
-            raise GGUFError(f"tensor data section starts at byte {data_start}, past the end of the file")
-        self.data_offset = data_start
+    def _tensor_bytes(self, name: str, dims: tuple[int, ...], ggml_type: int, start: int) -> int:
+        """The byte size of a tensor's data, after checking its type and dimensions."""
+        try:
+            tr = quant_traits(ggml_type)
+        except (KeyError, ValueError):
+            raise GGUFError(f"tensor {_q(name)} (header byte {start}) has unknown GGML type {ggml_type}") from None
+        if tr.type_size == 0 or tr.block_size == 0:
+            raise GGUFError(f"tensor {_q(name)} has unsupported GGML type {tr.name}")
+        n_elems = 1
+        for d in dims:
+            if d > INT64_MAX:
+                raise GGUFError(f"tensor {_q(name)} has a negative dimension ({d - (1 << 64)})")
+            n_elems *= d
+        if n_elems > INT64_MAX:
+            raise GGUFError(f"tensor {_q(name)} dimensions {list(dims)} overflow int64 elements")
+        if dims[0] % tr.block_size:
+            raise GGUFError(
+                f"tensor {_q(name)} row length {dims[0]} is not a multiple of the {tr.name} block size "
+                f"{tr.block_size}"
+            )
+        n_bytes = n_elems // tr.block_size * tr.type_size
+        if n_bytes + self.alignment > INT64_MAX:
+            raise GGUFError(f"tensor {_q(name)} byte size {n_bytes} overflows int64")
+        return n_bytes
 
-        spans = []
-        for name, dims, ggml_type, offset, start in infos:
-            try:
-                tr = quant_traits(ggml_type)
-            except (KeyError, ValueError):
-                raise GGUFError(f"tensor '{name}' (header byte {start}) has unknown GGML type {ggml_type}") from None
-            if tr.type_size == 0 or tr.block_size == 0:
-                raise GGUFError(f"tensor '{name}' has unsupported GGML type {tr.name}")
-            n_elems = 1
-            for d in dims:
-                if d > INT64_MAX:
-                    raise GGUFError(f"tensor '{name}' dimension {d} overflows int64")
-                n_elems *= d
-                if n_elems > INT64_MAX:
-                    raise GGUFError(f"tensor '{name}' dimensions {list(dims)} overflow int64 elements")
-            if dims[0] % tr.block_size:
-                raise GGUFError(
-                    f"tensor '{name}' row length {dims[0]} is not a multiple of the {tr.name} block size "
-                    f"{tr.block_size}"
-                )
-            n_bytes = n_elems // tr.block_size * tr.type_size
-            if offset % alignment:
-                raise GGUFError(f"tensor '{name}' data offset {offset} is not aligned to {alignment}")
-            abs_offset = data_start + offset
-            if abs_offset + n_bytes > self.file_size:
-                raise GGUFError(
-                    f"tensor '{name}' data ({n_bytes} bytes at byte {abs_offset}) runs past the end of the "
-                    f"file ({self.file_size} bytes)"
-                )
-            spans.append((abs_offset, n_bytes, name))
-            self.tensors[name] = TensorInfo(name, ggml_type, dims, abs_offset, n_bytes, self._bytes)
-        spans.sort()
-        for (o1, n1, a), (o2, _n2, b) in zip(spans, spans[1:]):
-            if o1 + n1 > o2:
-                raise GGUFError(f"tensors '{a}' and '{b}' overlap in the data section")
-
-    def _read_value(self, cur: _Cursor, vtype: int, key: str, depth: int) -> Any:
+    def _read_value(self, cur: _Cursor, vtype: int, key: str) -> Any:
         if vtype in _SCALAR_TYPES:
-            v = cur.scalar(_SCALAR_TYPES[vtype][0], f"value of '{key}'")
+            v = cur.scalar(_SCALAR_TYPES[vtype][0], f"value of {_q(key)}")
             return float(v) if vtype in (6, 12) else v
         if vtype == _STRING:
-            return cur.string(f"string value of '{key}'")
-        if vtype == _ARRAY:
-            if depth >= MAX_ARRAY_NESTING:
-                raise GGUFError(f"array value of '{key}' is nested too deeply")
-            etype = cur.u32(f"array element type of '{key}'")
-            count = cur.u64(f"array length of '{key}'")
-            if etype in _SCALAR_TYPES:
-                dtype = np.dtype(_SCALAR_TYPES[etype][1]).newbyteorder("<")
-                n = count * dtype.itemsize
-                cur.need(n, f"{count} array elements of '{key}'")
-                arr = np.frombuffer(self._mmap, dtype=dtype, count=count, offset=cur.pos)
-                cur.pos += n
-                return arr
-            if etype == _STRING:
-                if count * 8 > cur.left():
-                    raise GGUFError(f"array length {count} of '{key}' is past the end of the file")
-                return cur.strings(count, f"'{key}'")
-            if etype == _ARRAY:
-                if count * 12 > cur.left():
-                    raise GGUFError(f"array length {count} of '{key}' is past the end of the file")
-                return [self._read_value(cur, _ARRAY, key, depth + 1) for _ in range(count)]
-            raise GGUFError(f"array '{key}' has unknown element type {etype}")
-        raise GGUFError(f"metadata '{key}' has unknown value type {vtype} (byte {cur.pos - 4})")
+            return cur.string(f"string value of {_q(key)}")
+        if vtype != _ARRAY:
+            raise GGUFError(f"metadata {_q(key)} has unknown value type {vtype} (byte {cur.pos - 4})")
+        etype = cur.u32(f"array element type of {_q(key)}")
+        count = cur.u64(f"array length of {_q(key)}")
+        if etype == _ARRAY:
+            raise GGUFError(f"array {_q(key)} holds arrays: nested arrays are not supported")
+        if etype not in _SCALAR_TYPES and etype != _STRING:
+            raise GGUFError(f"array {_q(key)} has unknown element type {etype}")
+        least = np.dtype(_SCALAR_TYPES[etype][1]).itemsize if etype in _SCALAR_TYPES else 8
+        if count * least > MAX_VALUE_BYTES:
+            raise GGUFError(f"array {_q(key)} of {count} elements is over the 1 GiB limit")
+        if count * least > cur.left():
+            raise GGUFError(f"array length {count} of {_q(key)} is past the end of the file")
+        if etype == _STRING:
+            return cur.strings(count, f"{_q(key)}")
+        dtype = np.dtype(_SCALAR_TYPES[etype][1]).newbyteorder("<")
+        arr = np.frombuffer(self._mmap, dtype=dtype, count=count, offset=cur.pos)
+        cur.pos += count * least
+        return arr
 
     # -- typed accessors -------------------------------------------------------------------------
     @property
@@ -343,13 +370,13 @@ class GGUFFile:
     def _typed(self, key: str, default: Any, types: tuple[type, ...], kind: str) -> Any:
         if key not in self.metadata:
             if default is _REQUIRED:
-                raise GGUFError(f"{self.path}: required metadata '{key}' is missing")
+                raise GGUFError(f"{self.path}: required metadata {_q(key)} is missing")
             return default
         v = self.metadata[key]
         if isinstance(v, bool) and bool not in types:
-            raise GGUFError(f"{self.path}: metadata '{key}' should be {kind}, got bool")
+            raise GGUFError(f"{self.path}: metadata {_q(key)} should be {kind}, got bool")
         if not isinstance(v, types):
-            raise GGUFError(f"{self.path}: metadata '{key}' should be {kind}, got {self.value_types[key]}")
+            raise GGUFError(f"{self.path}: metadata {_q(key)} should be {kind}, got {self.value_types[key]}")
         return v
 
     def get_str(self, key: str, default: Any = None) -> str:
@@ -372,7 +399,7 @@ class GGUFFile:
         try:
             return self.tensors[name]
         except KeyError:
-            raise GGUFError(f"{self.path}: tensor '{name}' is missing") from None
+            raise GGUFError(f"{self.path}: tensor {_q(name)} is missing") from None
 
     def close(self) -> None:
         """Release the mapping (only possible once no tensor view is alive)."""
@@ -389,3 +416,8 @@ class GGUFFile:
 
 
 _REQUIRED = object()
+
+
+def _q(text: str, limit: int = 80) -> str:
+    """A name from the file, quoted for a one-line message: escaped (no newline survives) and cut."""
+    return repr(text[:limit]) + ("..." if len(text) > limit else "")

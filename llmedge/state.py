@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from llmedge.errors import LlmedgeError
+from llmedge.fsutil import remove_stale_temps
 from llmedge.kvcache import KV_TYPES, LayerState, SequenceState
 
 MAGIC = b"LLMEKVST"
@@ -93,7 +94,9 @@ def write_state(path: str | os.PathLike[str], state: SequenceState, model_digest
         raise LlmedgeError(f"the state's extra data is not JSON-serializable: {e}") from None
     path = Path(path)
     h = hashlib.sha256()
-    fd, tmp = tempfile.mkstemp(prefix=".llmedge-state-", dir=path.parent if str(path.parent) else ".")
+    directory = path.parent if str(path.parent) else Path(".")
+    remove_stale_temps(directory, ".llmedge-state-")  # what a killed save left behind
+    fd, tmp = tempfile.mkstemp(prefix=f".llmedge-state-{os.getpid()}-", dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
             for part in (_PREFIX.pack(MAGIC, FORMAT_VERSION, len(head)), head):

@@ -30,12 +30,16 @@ is tokenized with ``add_bos=True, special=True``. The result holds exactly one B
 
 from __future__ import annotations
 
+import ctypes
 import json
+import re
+import threading
 from collections.abc import Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import jinja2
+import jinja2.compiler
 import jinja2.ext
 import jinja2.nodes
 from jinja2.exceptions import SecurityError
@@ -116,11 +120,200 @@ class _RaisedByTemplate(Exception):
     """``raise_exception(message)`` called by a template."""
 
 
+MAX_RENDER_CHARS = 32 << 20  # the largest prompt (and any string a template builds on the way)
+RENDER_SECONDS = 5.0  # real templates render in milliseconds; a loop that runs longer is refused
+_GROWING_METHODS = frozenset({"replace", "center", "ljust", "rjust", "zfill", "expandtabs", "join"})
+_PCT_BIG = re.compile(r"%(?:\([^)]*\))?[#0\- +]*(?:\*|\d{6,}|\d*\.(?:\*|\d{6,}))")  # %-format widths
+_FMT_BIG = re.compile(r"\{[^{}]*:[^{}]*(?:\d{6,}|\{)")  # str.format widths, also computed ones
+
+
+class _TooBig(Exception):
+    """A template tried to build a string or list past MAX_RENDER_CHARS."""
+
+
+class _RenderTimeout(BaseException):
+    """Injected into the rendering thread when it runs past RENDER_SECONDS (BaseException, so that a
+    template's own error handling cannot swallow it)."""
+
+
+def _line(message: str, limit: int = 500) -> str:
+    """A message built from template text, made one line (an error is one line wherever it is shown)."""
+    flat = " ".join(message.split())
+    return flat if len(flat) <= limit else flat[:limit] + "..."
+
+
+def _size(x: Any) -> int:
+    return len(x) if isinstance(x, str | bytes | list | tuple) else 0
+
+
+def _bound(n: int, what: str) -> None:
+    if n > MAX_RENDER_CHARS:
+        raise _TooBig(f"{what} would hold {n} items, over the limit of {MAX_RENDER_CHARS}")
+
+
+class _BoundedCodeGenerator(jinja2.compiler.CodeGenerator):
+    """Jinja's code generator, with ``~`` (string concatenation) routed through a size check."""
+
+    def visit_Concat(self, node: jinja2.nodes.Concat, frame: Any) -> None:
+        self.write("environment.bounded_concat((")
+        for arg in node.nodes:
+            self.visit(arg, frame)
+            self.write(", ")
+        self.write("))")
+
+
 class _StrictSandbox(ImmutableSandboxedEnvironment):
-    """The immutable sandbox, but unsafe attribute access raises instead of rendering ''."""
+    """The immutable sandbox, but unsafe attribute access raises instead of rendering '', and nothing a
+    template computes may grow past MAX_RENDER_CHARS (repetition, concatenation, padding, formatting)."""
+
+    code_generator_class = _BoundedCodeGenerator
+    intercepted_binops = frozenset({"*", "**", "%", "+"})
 
     def unsafe_undefined(self, obj: Any, attribute: str) -> jinja2.Undefined:
         raise SecurityError(f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe")
+
+    def bounded_concat(self, parts: tuple[Any, ...]) -> str:
+        strs = [p if isinstance(p, str) else str(p) for p in parts]
+        _bound(sum(map(len, strs)), "a concatenation")
+        return "".join(strs)
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        if operator == "*":
+            for seq, n in ((left, right), (right, left)):
+                if isinstance(n, int) and _size(seq):
+                    _bound(_size(seq) * n, "a repetition")
+        elif operator == "+":
+            _bound(_size(left) + _size(right), "a concatenation")
+        elif operator == "**":
+            if isinstance(left, int) and isinstance(right, int) and abs(left) > 1 and right > 0:
+                _bound(abs(left).bit_length() * right // 8, "a power")
+        elif operator == "%" and isinstance(left, str) and _PCT_BIG.search(left):
+            raise _TooBig("a %-format with a huge or computed width")
+        return super().call_binop(context, operator, left, right)
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
+        owner = getattr(__obj, "__self__", None)
+        if isinstance(owner, str) and getattr(__obj, "__name__", "") in _GROWING_METHODS:
+            _check_str_method(owner, __obj.__name__, args, kwargs)
+        return super().call(__context, __obj, *args, **kwargs)
+
+    def wrap_str_format(self, value: Any) -> Any:
+        wrapped = super().wrap_str_format(value)
+        if wrapped is not None and _FMT_BIG.search(value.__self__):
+            raise _TooBig("a format string with a huge width")
+        return wrapped
+
+
+def _check_str_method(s: str, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    if name == "replace" and len(args) >= 2 and isinstance(args[0], str) and isinstance(args[1], str):
+        hits = len(s) + 1 if args[0] == "" else s.count(args[0])
+        _bound(len(s) + hits * len(args[1]), "a replace")
+    elif name == "join" and args and isinstance(args[0], list | tuple):
+        items = args[0]
+        _bound(sum(_size(x) for x in items) + len(s) * len(items), "a join")
+    elif name == "expandtabs":
+        _bound(len(s) * (args[0] if args and isinstance(args[0], int) else 8), "a tab expansion")
+    elif args and isinstance(args[0], int):
+        _bound(args[0], f"str.{name}")
+
+
+def _bounded_filter(name: str, check: Any) -> Any:
+    """Jinja's filter ``name``, with ``check`` run on its arguments first (without the context or
+    environment Jinja passes to some filters)."""
+    from jinja2.filters import FILTERS
+
+    inner = FILTERS[name]
+    skip = 1 if hasattr(inner, "jinja_pass_arg") else 0
+
+    def filter_(*args: Any, **kwargs: Any) -> Any:
+        check(*args[skip:], **kwargs)
+        return inner(*args, **kwargs)
+
+    filter_.__name__ = inner.__name__
+    if skip:
+        filter_.jinja_pass_arg = inner.jinja_pass_arg  # type: ignore[attr-defined]
+    return filter_
+
+
+def _width_check(index: int, key: str) -> Any:
+    """A padding width argument (``center``, ``wordwrap``) no larger than the output bound."""
+
+    def check(*args: Any, **kwargs: Any) -> None:
+        width = kwargs.get(key, args[index] if len(args) > index else None)
+        if isinstance(width, int):
+            _bound(width, f"a {key} of {width}")
+
+    return check
+
+
+def _indent_check(s: Any = "", width: Any = 4, *args: Any, **kwargs: Any) -> None:
+    """``indent`` adds its width (a count or a string) to every line."""
+    text = str(s)
+    per_line = len(width) if isinstance(width, str) else width if isinstance(width, int) else 0
+    _bound(len(text) + per_line * (text.count("\n") + 1), "an indent")
+
+
+def _replace_check(s: Any = "", old: Any = "", new: Any = "", count: Any = None, *a: Any, **k: Any) -> None:
+    text, old, new = str(s), str(old), str(new)
+    hits = len(text) + 1 if old == "" else text.count(old)
+    if isinstance(count, int) and count >= 0:
+        hits = min(hits, count)
+    _bound(len(text) + hits * len(new), "a replace")
+
+
+def _count_check(index: int, what: str) -> Any:
+    """``batch`` and ``slice`` make that many items (padding with ``fill_with``)."""
+
+    def check(*args: Any, **kwargs: Any) -> None:
+        n = args[index] if len(args) > index else kwargs.get("linecount", kwargs.get("slices"))
+        if isinstance(n, int):
+            _bound(n, what)
+
+    return check
+
+
+def _join_check(*args: Any, **kwargs: Any) -> None:
+    seq = next((a for a in args if isinstance(a, list | tuple)), None)
+    if seq is not None:
+        sep = kwargs.get("d", "")
+        _bound(sum(_size(x) for x in seq) + _size(sep) * len(seq), "a join")
+
+
+def _format_check(*args: Any, **kwargs: Any) -> None:
+    fmt = next((a for a in args if isinstance(a, str)), "")
+    if _PCT_BIG.search(fmt):
+        raise _TooBig("a format string with a huge width")
+
+
+class _Watchdog:
+    """Interrupts the current thread with _RenderTimeout once ``seconds`` pass (CPython's async
+    exception, checked between bytecodes: a runaway template loop stops, the thread lives on)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.lock = threading.Lock()
+        self.fired = self.done = False
+
+    def __enter__(self) -> _Watchdog:
+        self.thread_id = threading.get_ident()
+        self.timer = threading.Timer(self.seconds, self._fire)
+        self.timer.daemon = True
+        self.timer.start()
+        return self
+
+    def _fire(self) -> None:
+        with self.lock:
+            if not self.done:
+                self.fired = True
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread_id),
+                                                           ctypes.py_object(_RenderTimeout))
+
+    def __exit__(self, *exc: object) -> None:
+        self.timer.cancel()
+        with self.lock:
+            self.done = True
+            if self.fired:  # a pending injection not yet raised must not escape the render
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread_id), None)
 
 
 class _IgnoreGeneration(jinja2.ext.Extension):
@@ -135,6 +328,8 @@ class _IgnoreGeneration(jinja2.ext.Extension):
 
 def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
             separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    if isinstance(indent, int) and indent > 64 or isinstance(indent, str) and len(indent) > 64:
+        raise _TooBig("tojson with an indent over 64")
     # transformers' chat-template tojson: no HTML escaping, non-ASCII kept
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
@@ -154,6 +349,15 @@ def _make_env() -> _StrictSandbox:
         extensions=[_IgnoreGeneration, jinja2.ext.loopcontrols],
     )
     env.filters["tojson"] = _tojson
+    env.filters["center"] = _bounded_filter("center", _width_check(1, "width"))
+    env.filters["indent"] = _bounded_filter("indent", _indent_check)
+    env.filters["wordwrap"] = _bounded_filter("wordwrap", _width_check(1, "width"))
+    env.filters["join"] = _bounded_filter("join", _join_check)
+    env.filters["replace"] = _bounded_filter("replace", _replace_check)
+    env.filters["batch"] = _bounded_filter("batch", _count_check(1, "a batch"))
+    env.filters["slice"] = _bounded_filter("slice", _count_check(1, "a slice"))
+    env.filters["format"] = _bounded_filter("format", _format_check)
+    env.globals.pop("lipsum", None)  # lipsum(n) writes n paragraphs
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     return env
@@ -175,9 +379,17 @@ def _private_name(node: jinja2.nodes.Node) -> str | None:
 
 def _compile(env: _StrictSandbox, source: str) -> jinja2.Template:
     try:
+        return _compile_checked(env, source)
+    except (RecursionError, SyntaxError):  # parsing, checking and code generation all recurse over the
+        # nesting, and Python itself compiles at most 20 nested blocks
+        raise TemplateError("chat template does not compile: it is nested too deeply") from None
+
+
+def _compile_checked(env: _StrictSandbox, source: str) -> jinja2.Template:
+    try:
         ast = env.parse(source)
     except jinja2.TemplateSyntaxError as e:
-        raise TemplateError(f"chat template does not compile (line {e.lineno}): {e.message}") from None
+        raise TemplateError(_line(f"chat template does not compile (line {e.lineno}): {e.message}")) from None
     for node in ast.find_all((jinja2.nodes.Getattr, jinja2.nodes.Getitem, jinja2.nodes.Filter)):
         name = _private_name(node)
         if name is not None:
@@ -187,7 +399,7 @@ def _compile(env: _StrictSandbox, source: str) -> jinja2.Template:
     try:
         return env.from_string(source)
     except jinja2.TemplateSyntaxError as e:  # pragma: no cover - parse() already succeeded
-        raise TemplateError(f"chat template does not compile (line {e.lineno}): {e.message}") from None
+        raise TemplateError(_line(f"chat template does not compile (line {e.lineno}): {e.message}")) from None
 
 
 class ChatTemplate:
@@ -290,15 +502,31 @@ class ChatTemplate:
             tools=tools,
         )
         try:
-            return self._template.render(**variables)
+            return self._render(variables)
+        except _TooBig as e:
+            raise TemplateError(f"chat template output too large: {e}") from None
+        except _RenderTimeout:
+            raise TemplateError(f"chat template took longer than {RENDER_SECONDS:g} s to render") from None
         except SecurityError as e:
-            raise TemplateError(f"chat template sandbox violation: {e}") from None
+            raise TemplateError(_line(f"chat template sandbox violation: {e}")) from None
         except _RaisedByTemplate as e:
-            raise TemplateError(f"chat template rejected the messages: {e}") from None
+            raise TemplateError(_line(f"chat template rejected the messages: {e}")) from None
         except TemplateError:
             raise
         except Exception as e:  # noqa: BLE001 - any failure inside a template is one clear error
-            raise TemplateError(f"chat template failed to render: {type(e).__name__}: {e}") from None
+            raise TemplateError(_line(f"chat template failed to render: {type(e).__name__}: {e}")) from None
+
+    def _render(self, variables: dict[str, Any]) -> str:
+        """Render with the output streamed and counted, under the watchdog."""
+        assert self._template is not None
+        parts: list[str] = []
+        n = 0
+        with _Watchdog(RENDER_SECONDS):
+            for part in self._template.generate(**variables):
+                n += len(part)
+                _bound(n, "the rendered prompt")
+                parts.append(part)
+        return "".join(parts)
 
     def prompt_ids(self, prompt: str) -> list[int]:
         """Token ids to feed for a rendered prompt, with exactly one BOS (llama.cpp server's rule).

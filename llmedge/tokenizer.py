@@ -737,12 +737,15 @@ class Tokenizer:
 
     # ------------------------------------------------------------------ encode
 
-    def encode(self, text: str, add_bos: bool = False, special: bool = False) -> list[int]:
+    def encode(self, text: str, add_bos: bool = False, special: bool = False,
+               space_prefix: bool = True) -> list[int]:
         """Token ids of ``text`` exactly as ``llama_tokenize(text, add_bos, special)``.
 
         ``add_bos`` adds the model's special tokens per its metadata (BOS if add_bos_token, EOS if
         add_eos_token), like llama.cpp's ``add_special``. ``special`` parses special-token texts
         written in ``text`` (``<|im_start|>``, ``<start_of_turn>``) into their single ids.
+        ``space_prefix=False`` tokenizes ``text`` as the continuation of a sequence: no SentencePiece
+        space prefix (what a grammar engine needs for the bytes it forces mid-answer).
         """
         if not isinstance(text, str):
             raise TokenizerError(f"text must be str, not {type(text).__name__}")
@@ -763,7 +766,7 @@ class Tokenizer:
                     out.append(frag)
                     prev_special = True
                     continue
-                if self._add_space_prefix and prev_special:
+                if self._add_space_prefix and prev_special and space_prefix:
                     frag = " " + frag
                 self._encode_spm(frag, out)
                 prev_special = False

@@ -19,6 +19,6 @@ def model_class(arch: str) -> Any:
         module = ARCHITECTURES[arch]
     except KeyError:
         raise ModelError(
-            f"architecture '{arch}' is not supported (supported: {', '.join(sorted(ARCHITECTURES))})"
+            f"architecture {arch[:80]!r} is not supported (supported: {', '.join(sorted(ARCHITECTURES))})"
         ) from None
     return importlib.import_module(module).Model

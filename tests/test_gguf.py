@@ -122,7 +122,7 @@ CASES = {
     "bad magic": "not a GGUF file",
     "unknown version": "unsupported GGUF version 99",
     "truncated header": "truncated",
-    "string length past the end": "needs 1099511627776 bytes",
+    "string length past the end": "claims 1099511627776 bytes",
     "tensor data past the end": "runs past the end",
     "absurd tensor count": "tensor count",
     "dimension overflow": "overflow",

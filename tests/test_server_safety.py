@@ -161,7 +161,10 @@ def test_queue_full_is_503_and_disconnect_frees_the_slot(url: str) -> None:
             time.sleep(0.02)
         r = post(url, "/api/generate", body)
         assert_ollama_error(r, 503)
-        assert_openai_error(post(url, "/v1/completions", {"model": MODEL, "prompt": "x"}), 503)
+        assert int(r.headers["retry-after"]) >= 1
+        refused = post(url, "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 1})
+        assert_openai_error(refused, 503)
+        assert int(refused.headers["retry-after"]) >= 1
     t0 = time.time()  # the streaming client disconnected: its slot frees, the queued request runs
     waiting.join(30)
     assert results == [200]
@@ -170,6 +173,8 @@ def test_queue_full_is_503_and_disconnect_frees_the_slot(url: str) -> None:
     while httpx.get(url + "/health").json()["busy"]:
         assert time.time() < deadline
         time.sleep(0.05)
+    again = post(url, "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 1})
+    assert again.status_code == 200, again.text  # the refused request is served once capacity frees
     metrics = httpx.get(url + "/metrics").text
     assert "llmedge_cancelled_total 1" in metrics or "llmedge_cancelled_total 2" in metrics
 

@@ -24,6 +24,7 @@ import llmedge
 from llmedge.defaults import generate_messages, request_options, with_defaults
 from llmedge.errors import LlmedgeError, StoreError
 from llmedge.sampling import SamplingOptions
+from llmedge.server import limits
 from llmedge.server import ollama as ol
 from llmedge.server import openai as oa
 from llmedge.server.embed import embed_text
@@ -212,7 +213,7 @@ class Server:
 
     def render_error(self, path: str, e: BaseException) -> Response:
         if isinstance(e, HTTPError):
-            return error_response(path, e.status, e.message, e.type)
+            return error_response(path, e.status, e.message, e.type, e.headers)
         if isinstance(e, StoreError):
             return error_response(path, 404 if "not found" in str(e) else 400, str(e))
         if isinstance(e, LlmedgeError):
@@ -238,6 +239,7 @@ class Server:
 
     # -- shared request parsing ------------------------------------------------------------------
     def model_of(self, body: dict[str, Any]) -> tuple[str, str, Path]:
+        limits.check_request(body)
         name = body.get("model", body.get("name"))
         key, path = self.sched.resolve(name)
         return name, key, path

@@ -40,15 +40,19 @@ def compile_schema(schema: Any) -> str:
             schema = json.loads(schema)
         except ValueError as e:
             raise HTTPError(400, f"invalid JSON schema: {e}") from None
+        except RecursionError:
+            raise HTTPError(400, "invalid JSON schema: nested too deeply") from None
     if isinstance(schema, bool):
         schema = {} if schema else {"not": {}}
     if not isinstance(schema, dict):
         raise HTTPError(400, "a JSON schema must be an object")
-    schema = close_objects(schema)
     try:
+        schema = close_objects(schema)
         grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)  # type: ignore[arg-type]
     except (ValueError, TypeError) as e:
         raise HTTPError(400, f"invalid JSON schema: {e}") from None
+    except RecursionError:
+        raise HTTPError(400, "invalid JSON schema: nested too deeply") from None
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
     if is_error:
         raise HTTPError(400, f"the JSON schema cannot be compiled: {messages[0] if messages else 'unknown'}")
@@ -93,7 +97,7 @@ class _GGUFVocab:
 
     def __call__(self, s: bytes | str) -> list[int]:
         text = s.decode("utf-8", errors="replace") if isinstance(s, bytes) else s
-        return self._tok.encode(text)
+        return self._tok.encode(text, space_prefix=False)  # forced bytes continue the answer
 
 
 def _user_defined(tokenizer: Any, i: int) -> bool:

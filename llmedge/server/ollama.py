@@ -10,6 +10,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from llmedge.server import limits
 from llmedge.server.security import HTTPError
 
 # Ollama option name -> (llmedge keyword, expected type)
@@ -91,6 +92,8 @@ def parse_options(options: Any) -> dict[str, Any]:
             raise HTTPError(400, f"unknown option '{key}'")
     if "top_k" in sampling and sampling["top_k"] < 0:
         raise HTTPError(400, "option top_k must not be negative")
+    for key, value in options.items():
+        limits.check_range(key, value)
     return out
 
 
@@ -125,7 +128,7 @@ def parse_keep_alive(value: Any) -> float | None | str:
             seconds = sign * total
     else:
         raise HTTPError(400, "keep_alive must be a duration or a number of seconds")
-    if not math.isfinite(seconds) or seconds < 0:
+    if not math.isfinite(seconds) or seconds < 0 or seconds > limits.MAX_KEEP_ALIVE:
         return None
     return seconds
 
@@ -185,8 +188,10 @@ def describe_gguf(path: Any) -> dict[str, Any]:
     from collections import Counter
 
     from llmedge.gguf import GGUFFile
+    from llmedge.modelcheck import check_model_file
 
     g = GGUFFile(path)
+    check_model_file(g)
     arch = g.architecture
     n_params = sum(t.n_elements for t in g.tensors.values())
     types = Counter(t.type_name for t in g.tensors.values())

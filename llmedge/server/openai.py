@@ -8,6 +8,7 @@ import secrets
 import time
 from typing import Any
 
+from llmedge.server import limits
 from llmedge.server.ollama import number, parse_stop
 from llmedge.server.security import HTTPError
 
@@ -52,11 +53,13 @@ def parse_sampling(body: dict[str, Any]) -> dict[str, Any]:
                       ("repeat_penalty", float)):
         if body.get(key) is not None:
             sampling[key] = number(body[key], key, kind)
+            limits.check_range(key, sampling[key])
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None:
         max_tokens = int(number(max_tokens, "max_tokens", int))
         if max_tokens < 0:
             raise HTTPError(400, "max_tokens must not be negative")
+        limits.check_range("max_tokens", max_tokens)
     n = body.get("n")
     if n is not None and number(n, "n", int) != 1:
         raise HTTPError(400, "only n=1 is supported")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import queue
 import threading
@@ -165,11 +166,11 @@ class Scheduler:
         """Queue ``job``; HTTPError 503 when the slots and the queue are full or the server is stopping."""
         with self.lock:
             if self._stopping:
-                raise HTTPError(503, "the server is shutting down")
+                raise HTTPError(503, "the server is shutting down", headers={"Retry-After": "5"})
             if self.pending >= self.parallel + self.max_queue:
                 self.stats["rejected"] += 1
                 raise HTTPError(503, f"server busy: {self.pending} requests in progress or queued "
-                                     f"(LLMEDGE_MAX_QUEUE={self.max_queue})")
+                                     f"(LLMEDGE_MAX_QUEUE={self.max_queue})", headers={"Retry-After": "1"})
             self.pending += 1
         self._jobs.put(job)
         return job
@@ -204,7 +205,8 @@ class Scheduler:
     def check_ctx(self, num_ctx: Any) -> int | None:
         if num_ctx is None:
             return None
-        if isinstance(num_ctx, bool) or not isinstance(num_ctx, int | float) or int(num_ctx) != num_ctx:
+        if isinstance(num_ctx, bool) or not isinstance(num_ctx, int | float) or not math.isfinite(num_ctx) \
+                or int(num_ctx) != num_ctx:
             raise HTTPError(400, "option num_ctx must be an integer")
         n = int(num_ctx)
         if n < 8 or n > self.max_ctx:

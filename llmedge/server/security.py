@@ -26,11 +26,13 @@ LOCAL_SCHEMES = ("app", "file", "tauri", "vscode-webview", "vscode-file")
 class HTTPError(Exception):
     """A request refused with ``status`` and a one-line ``message`` (rendered in the route's API shape)."""
 
-    def __init__(self, status: int, message: str, type_: str | None = None) -> None:
+    def __init__(self, status: int, message: str, type_: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.type = type_
+        self.headers = headers
 
 
 def error_body(path: str, status: int, message: str, type_: str | None = None) -> dict[str, Any]:
@@ -44,8 +46,9 @@ def error_body(path: str, status: int, message: str, type_: str | None = None) -
     return {"error": message}
 
 
-def error_response(path: str, status: int, message: str, type_: str | None = None) -> Response:
-    return JSONResponse(error_body(path, status, message, type_), status_code=status)
+def error_response(path: str, status: int, message: str, type_: str | None = None,
+                   headers: dict[str, str] | None = None) -> Response:
+    return JSONResponse(error_body(path, status, message, type_), status_code=status, headers=headers)
 
 
 def is_loopback_host(host: str) -> bool:
@@ -164,6 +167,8 @@ class SecurityMiddleware:
                 n = int(length)
             except ValueError:
                 return error_response(path, 400, "invalid Content-Length")
+            if n < 0:
+                return error_response(path, 400, "invalid Content-Length")
             if n > self.max_body:
                 return error_response(path, 413, f"request body exceeds {self.max_body} bytes")
         return None
@@ -199,14 +204,20 @@ def _preflight_headers(headers: dict[str, str]) -> dict[str, str]:
     }
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
 def parse_json_body(raw: bytes, path: str) -> dict[str, Any]:
     """The request's JSON object, or an HTTPError 400 saying why not."""
     if not raw.strip():
         raise HTTPError(400, "missing request body")
     try:
-        data = json.loads(raw)
+        data = json.loads(raw, parse_constant=_no_constant)
     except (ValueError, UnicodeDecodeError) as e:
         raise HTTPError(400, f"invalid JSON: {e}") from None
+    except RecursionError:
+        raise HTTPError(400, "invalid JSON: nested too deeply") from None
     if not isinstance(data, dict):
         raise HTTPError(400, "the request body must be a JSON object")
     return data

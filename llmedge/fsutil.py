@@ -1,0 +1,38 @@
+"""Crash-safe file writing helpers: temporary files named after the writing process, and the repair
+that removes those a killed process left behind (its pid is no longer alive)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # alive, someone else's
+    return True
+
+
+def remove_stale_temps(directory: Path, prefix: str, suffix: str = "") -> int:
+    """Delete ``<prefix><pid>-*<suffix>`` files in ``directory`` whose writer ``pid`` is dead; returns
+    how many went. A live writer's file (this process's included) is never touched."""
+    removed = 0
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return 0
+    for name in names:
+        if not name.startswith(prefix) or not name.endswith(suffix):
+            continue
+        pid_text = name[len(prefix):].split("-", 1)[0].split(".", 1)[0]
+        if not pid_text.isdigit() or pid_alive(int(pid_text)):
+            continue
+        with contextlib.suppress(OSError):
+            os.unlink(directory / name)
+            removed += 1
+    return removed

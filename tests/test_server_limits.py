@@ -1,0 +1,159 @@
+"""Limits from the network: every bounded request field refused with a 400 (413 for the body) when
+negative, huge or of the wrong type, against a real server on loopback serving a tiny random-weight
+model; the values Ollama gives a meaning to (num_predict -1, keep_alive -1) keep it."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from test_server_api import running_server
+
+sys.path.insert(0, str(Path(__file__).parent / "malformed"))
+from gguf_bytes import tiny_model  # noqa: E402
+
+from llmedge.server import limits  # noqa: E402
+
+MODEL = "tiny:latest"
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from llmedge.store import Store
+
+    root = tmp_path_factory.mktemp("limits")
+    Store(root / "store").create(MODEL, tiny_model().write(root / "tiny.gguf"))
+    mp = pytest.MonkeyPatch()
+    mp.setenv("LLMEDGE_MODELS", str(root / "store"))
+    with running_server(parallel=1, max_queue=4, max_body=256 * 1024, max_ctx=4096) as base:
+        yield base
+    mp.undo()
+
+
+def gen(url: str, path: str = "/api/generate", **fields: Any) -> httpx.Response:
+    body = {"model": MODEL, "stream": False, **fields}
+    if path == "/api/generate":
+        body.setdefault("prompt", "hello")
+    return httpx.post(url + path, json=body, timeout=60)
+
+
+def assert_400(r: httpx.Response, words: str) -> None:
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    msg = err if isinstance(err, str) else err["message"]
+    assert words in msg and "\n" not in msg, msg
+
+
+def raw_post(url: str, content_length: str) -> bytes:
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(f"POST /api/generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {content_length}\r\nConnection: close\r\n\r\n{{}}".encode())
+        return s.recv(4096)
+
+
+def test_body_size_negative_huge_and_wrong_type(url: str) -> None:
+    assert raw_post(url, "-5").startswith(b"HTTP/1.1 400")
+    assert raw_post(url, "abc").startswith(b"HTTP/1.1 400")
+    assert raw_post(url, str(1 << 40)).startswith(b"HTTP/1.1 413")
+    r = httpx.post(url + "/api/generate", json={"model": MODEL, "prompt": "x" * (300 * 1024)}, timeout=30)
+    assert r.status_code == 413
+
+
+def test_prompt_longer_than_the_context_is_cut_to_fit(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    r = gen(url, prompt="hello " * 2000, raw=True, options={"num_ctx": 64, "num_predict": 2})
+    assert r.status_code == 200, r.text
+    assert 0 < r.json()["prompt_eval_count"] <= 64
+    assert_400(gen(url, prompt=["hello"]), "prompt and system must be strings")
+    assert_400(gen(url, context=[-1]), "token")
+    monkeypatch.setattr(limits, "MAX_IDS", 1000)  # the server runs in this process
+    assert_400(gen(url, context=[0] * 1001), "context holds 1001 token ids (at most 1000)")
+    assert_400(gen(url, "/v1/completions", prompt=[0] * 1001), "prompt holds 1001 token ids")
+
+
+def test_num_predict(url: str) -> None:
+    assert_400(gen(url, options={"num_predict": -3}), "num_predict=-3 is out of range")
+    assert_400(gen(url, options={"num_predict": 10**12}), "out of range")
+    assert_400(gen(url, options={"num_predict": "ten"}), "num_predict must be a number")
+    assert_400(gen(url, "/v1/completions", prompt="x", max_tokens=10**12), "out of range")
+    r = gen(url, options={"num_predict": -1, "num_ctx": 32})
+    assert r.status_code == 200 and r.json()["eval_count"] >= 1
+
+
+def test_num_ctx(url: str) -> None:
+    assert_400(gen(url, options={"num_ctx": -1}), "num_ctx=-1 is out of range")
+    assert_400(gen(url, options={"num_ctx": 10**12}), "out of range")
+    assert_400(gen(url, options={"num_ctx": "4096"}), "num_ctx must be a number")
+    assert gen(url, options={"num_ctx": 64, "num_predict": 1}).status_code == 200
+
+
+def test_number_of_messages(url: str) -> None:
+    many = [{"role": "user", "content": "hi"}] * (limits.MAX_MESSAGES + 1)
+    assert_400(gen(url, "/api/chat", messages=many), "too many messages")
+    assert_400(gen(url, "/v1/chat/completions", messages=many), "too many messages")
+    assert_400(gen(url, "/api/chat", messages="hi"), "messages must be an array")
+    assert_400(gen(url, "/v1/chat/completions", messages=[]), "non-empty")
+    assert_400(gen(url, "/api/embed", input=["x"] * (limits.MAX_INPUTS + 1)), "too many inputs")
+
+
+def test_image_fields(url: str) -> None:
+    assert_400(gen(url, images="aGk="), "images must be an array of base64 strings")
+    assert_400(gen(url, images=[1, 2]), "images must be an array of base64 strings")
+    assert_400(gen(url, images=["aGk="]), "does not support images")
+    assert_400(gen(url, "/api/chat", messages=[{"role": "user", "content": "x", "images": {"a": 1}}]),
+               "messages[0].images must be an array")
+    assert gen(url, images=[], options={"num_predict": 1}).status_code == 200
+
+
+def test_keep_alive(url: str) -> None:
+    assert_400(gen(url, keep_alive=[5]), "keep_alive must be a duration")
+    assert_400(gen(url, keep_alive="5 parsecs"), "invalid keep_alive duration")
+    assert_400(gen(url, keep_alive=True), "keep_alive must be a duration")
+    for forever in (-1, "-1s", "99999999999h", 1e300):  # Ollama: negative keeps the model loaded
+        r = gen(url, keep_alive=forever, options={"num_predict": 1})
+        assert r.status_code == 200, (forever, r.text)
+    ps = httpx.get(url + "/api/ps", timeout=10).json()["models"]
+    assert ps and ps[0]["expires_at"] > "2100"
+
+
+@pytest.mark.parametrize("option,bad", [("temperature", -1), ("temperature", 1e9), ("temperature", "hot"),
+                                        ("top_p", 1.5), ("top_p", -0.1), ("min_p", 2), ("top_k", -1),
+                                        ("top_k", 10**12), ("repeat_penalty", -2), ("repeat_last_n", -5),
+                                        ("presence_penalty", 1e6), ("seed", "x"), ("num_keep", -9),
+                                        ("stop", 5), ("stop", ["x"] * 100)])
+def test_option_values(url: str, option: str, bad: Any) -> None:
+    r = gen(url, options={option: bad})
+    assert r.status_code == 400, (option, bad, r.text)
+    assert option in r.json()["error"]
+
+
+def test_openai_sampling_values(url: str) -> None:
+    msgs = [{"role": "user", "content": "hi"}]
+    assert_400(gen(url, "/v1/chat/completions", messages=msgs, temperature=-1), "temperature")
+    assert_400(gen(url, "/v1/chat/completions", messages=msgs, top_p=7), "top_p")
+    assert_400(gen(url, "/v1/chat/completions", messages=msgs, max_tokens="5"), "max_tokens")
+    assert_400(gen(url, "/v1/chat/completions", messages=msgs, max_tokens=-5), "max_tokens")
+    assert gen(url, "/v1/chat/completions", messages=msgs, max_tokens=2, temperature=1.5).status_code == 200
+
+
+def test_infinite_and_nan_values_are_400_not_500(url: str) -> None:
+    """Found by the requests fuzzer: num_ctx=Infinity reached int() in check_ctx (OverflowError, a 500).
+    JSON has no NaN or Infinity; the body parser now refuses them, and check_ctx refuses them too."""
+    from types import SimpleNamespace
+
+    from llmedge.server.scheduler import Scheduler
+    from llmedge.server.security import HTTPError
+
+    for raw in (b'{"model": "tiny", "prompt": "x", "options": {"num_ctx": Infinity}}',
+                b'{"model": "tiny", "prompt": "x", "keep_alive": NaN}'):
+        r = httpx.post(url + "/api/generate", content=raw, timeout=30)
+        assert_400(r, "is not valid JSON")
+    for v in (float("inf"), float("-inf"), float("nan")):
+        with pytest.raises(HTTPError) as info:
+            Scheduler.check_ctx(SimpleNamespace(max_ctx=4096), v)  # type: ignore[arg-type]
+        assert info.value.status == 400
