@@ -92,7 +92,7 @@ def show(
         "vocabulary": f"{tok.n_vocab} ({g.get_str('tokenizer.ggml.model')})",
         "file": str(path),
         "backend": f"{chosen} ({why})",
-        "kv cache": _kv_cache_line(path, chosen, ctx, kv_type),
+        **_model_lines(path, chosen, ctx, kv_type),
     }
     if as_json:
         typer.echo(json.dumps({**info, "template": tmpl.source}, indent=2))
@@ -105,13 +105,23 @@ def show(
     typer.echo("    " + (first[0][:100] + (" ..." if len(first) > 1 or len(first[0]) > 100 else "")))
 
 
-def _kv_cache_line(path, backend: str, ctx: int, kv_type: str) -> str:
+def _model_lines(path, backend: str, ctx: int, kv_type: str) -> dict[str, str]:
+    """The family with the features its layers use, whether the native fused stack runs it (or why
+    not), and the KV cache one sequence needs."""
     from llmedge.api import Model
 
-    info = Model(path, backend=backend, n_ctx=ctx, kv_type=kv_type).cache_info()
+    m = Model(path, backend=backend, n_ctx=ctx, kv_type=kv_type)
+    info = m.cache_info()
     rings = f", {info['layers_ring']} sliding-window layers of {info['ring_cells']} cells" if info["layers_ring"] else ""
-    return (f"{_size(info['sequence_bytes'])} per sequence at {info['n_ctx']} tokens, {info['kv_type']} "
-            f"({info['layers_full']} full layers{rings})")
+    out = {"family": m.model.describe()}
+    if backend == "native":
+        from llmedge.backends.native import stack_decline_reason
+
+        why = stack_decline_reason(m.model)
+        out["fused stack"] = "yes (every layer in one native call)" if why is None else f"no, op by op: {why}"
+    out["kv cache"] = (f"{_size(info['sequence_bytes'])} per sequence at {info['n_ctx']} tokens, {info['kv_type']} "
+                       f"({info['layers_full']} full layers{rings})")
+    return out
 
 
 def _size(n: int) -> str:
