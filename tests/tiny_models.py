@@ -55,7 +55,7 @@ MODELS: dict[str, Tiny] = {
     "gemma": Tiny("gemma", attn_type=T.Q8_0, ffn_type=T.Q4_K),
     "gemma2": Tiny("gemma2", n_layer=3, attn_type=T.Q4_0, ffn_type=T.Q8_0, post_norms=True,
                    meta={"attention.sliding_window": 8, "attn_logit_softcapping": 2.0,
-                         "final_logit_softcapping": 3.0}),
+                         "final_logit_softcapping": 8.0}),
     "gemma3": Tiny("gemma3", n_layer=7, attn_type=T.Q8_0, ffn_type=T.Q4_K, qk_norm=True, post_norms=True,
                    meta={"attention.sliding_window": 8, "rope.freq_base": 1e6}),
     "phi3": Tiny("phi3", attn_type=T.Q8_0, ffn_type=T.Q4_K, fused_qkv=True, fused_gate_up=True, longrope=True,
@@ -206,7 +206,7 @@ def write(name: str, path: Path) -> Path:
     spec = MODELS[name]
     a = spec.arch
     w = gguf.GGUFWriter(str(path), a)
-    w.add_name(f"tiny-{name}")
+    w.add_name("tiny random model")  # not the family: llama.cpp adjusts vocabularies by model name
     w.add_context_length(256)
     w.add_embedding_length(N_EMBD)
     w.add_block_count(spec.n_layer)
