@@ -34,7 +34,7 @@ QK8_0 = 32  # values per q8_0 block
 _ALIGN = 64
 
 Alloc = Callable[[tuple[int, ...], Any], np.ndarray]
-RopeSpec = tuple  # n_rot, freq_base, freq_scale, neox[, freq_factors, attn_factor]
+RopeSpec = tuple  # n_rot, freq_base, freq_scale, neox[, freq_factors]
 
 
 class RopeBackend(Protocol):
@@ -379,9 +379,10 @@ class LayerCache:
             n_rot, base, scale, neox, *factors = self.rope
             kf = self.k.to_f32(k_moved)
             delta = np.full(len(moved), -n_discard, dtype=np.int32)
-            if factors:  # frequency factors (Llama 3, LongRoPE) and attn_factor, as llama.cpp's K-shift
+            if factors:  # frequency factors (Llama 3, LongRoPE): a pure rotation by the same angles.
+                # (llama.cpp's K-shift also multiplies by attn_factor again; keys already carry it once.)
                 kf = backend.rope(np.ascontiguousarray(kf), delta, n_rot, base, scale, neox,
-                                  freq_factors=factors[0], attn_factor=factors[1])
+                                  freq_factors=factors[0])
             else:
                 kf = backend.rope(np.ascontiguousarray(kf), delta, n_rot, base, scale, neox)
             k_moved = self.k.from_f32(np.asarray(kf, dtype=np.float32))

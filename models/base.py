@@ -193,10 +193,9 @@ def attention_block(be: Backend, w: dict[str, Any], h: np.ndarray, step: Batch |
 
 
 def cache_rope(spec: LayerSpec, rope_ff: np.ndarray | None) -> tuple[Any, ...]:
-    """The layer cache's RoPE record: (n_rot, base, scale, neox[, freq_factors, attn_factor])."""
-    if rope_ff is None and spec.rope_attn_factor == 1.0:
-        return spec.rope
-    return (*spec.rope, rope_ff, spec.rope_attn_factor)
+    """The layer cache's RoPE record, what a context shift rotates keys with: (n_rot, base, scale,
+    neox[, freq_factors])."""
+    return spec.rope if rope_ff is None else (*spec.rope, rope_ff)
 
 
 def ffn_block(be: Backend, w: dict[str, Any], h: np.ndarray, spec: LayerSpec) -> np.ndarray:

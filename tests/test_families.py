@@ -167,3 +167,33 @@ def test_show_names_the_family_and_the_fused_stack(tiny_paths: dict[str, Path]) 
     assert r.returncode == 0, r.stderr
     assert "phi3 (fused_gate_up, fused_qkv, q_scale, rope_attn_factor, rope_longrope)" in r.stdout
     assert "fused stack" in r.stdout and "yes" in r.stdout
+
+
+@pytest.mark.parametrize("name", ["llama", "phi3"])
+def test_a_context_shift_keeps_rope_factors(name: str, tiny_paths: dict[str, Path]) -> None:
+    """Shifting keys of a model with RoPE frequency factors (Llama 3's, LongRoPE's with attn_factor)
+    rotates them by the same factored angles: logits after a shift equal a fresh evaluation of the kept
+    cells at their new positions, to float32 precision on the reference without ggml's roundings."""
+    from llmedge.backends.numpy_ref import NumpyBackend
+    from llmedge.kvcache import LayerState
+
+    class Exact(NumpyBackend):
+        def matmul(self, x: np.ndarray, w) -> np.ndarray:
+            return x @ w.f32.T
+
+    g = GGUFFile(tiny_paths[name])
+    model = model_class(g.architecture)(g, Exact())
+    ids, n, n_discard = tm.prompt_ids(name), 30, 10
+    shifted = model.make_cache(tm.N_CTX, kv_type="f32")
+    model.forward(Batch(np.asarray(ids[:n]), np.arange(n), shifted))
+    shifted.tokens.extend(ids[:n])
+    whole = shifted.state()
+    assert shifted.shift(0, n_discard, model.backend)
+    follow = np.asarray(ids[n : n + 3])
+    got = model.forward(Batch(follow, np.arange(3) + n - n_discard, shifted))
+    ref = model.make_cache(tm.N_CTX, kv_type="f32")
+    for layer, st in zip(ref.layers, whole.layers):
+        keep = st.pos >= n_discard
+        layer.load_state(LayerState(st.pos[keep], tuple(x[keep] for x in st.k), tuple(x[keep] for x in st.v)))
+    want = model.forward(Batch(follow, np.arange(3) + n, ref))
+    assert np.abs(log_softmax(got) - log_softmax(want)).max() <= 2e-3
