@@ -149,6 +149,16 @@ def test_a_tensor_the_family_does_not_declare_is_refused(tmp_path: Path, monkeyp
         model_class("qwen3")(g, _backend("numpy"))
 
 
+def test_an_unsupported_rope_scaling_fails_at_load_with_one_line(tmp_path: Path, monkeypatch) -> None:
+    from dataclasses import replace
+
+    yarn = replace(tm.MODELS["qwen2"], meta={"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0})
+    monkeypatch.setitem(tm.MODELS, "qwen2_yarn", yarn)
+    g = GGUFFile(tm.write("qwen2_yarn", tmp_path / "yarn.gguf"))
+    with pytest.raises(ModelError, match=r"^RoPE scaling 'yarn' is not supported \(supported: none, linear, longrope\)$"):
+        model_class("qwen2")(g, _backend("numpy"))
+
+
 def test_llama3_rope_freqs_change_the_logits(tiny_paths: dict[str, Path]) -> None:
     """A Llama 3 file's rope_freqs are applied (the issue's silently-wrong case): dropping them moves
     the logits far beyond the agreement bounds."""

@@ -219,7 +219,9 @@ def write(name: str, path: Path) -> Path:
     w.add_layer_norm_rms_eps(1e-6)
     for key, value in spec.meta.items():
         full = f"{a}.{key}"
-        if isinstance(value, float):
+        if isinstance(value, str):
+            w.add_string(full, value)
+        elif isinstance(value, float):
             w.add_float32(full, value)
         else:
             w.add_uint32(full, int(value))
