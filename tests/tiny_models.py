@@ -5,7 +5,7 @@ tests/fixtures/make_family_fixtures.py (which writes the same files and stores l
 them). Only ``numpy`` and ``gguf`` are imported, so the fixture script runs in llama.cpp's venv.
 
 Weights are generated as float32 from fixed seeds and quantized here with plain NumPy (Q8_0 and
-Q4_0 as ggml's reference quantizers do; Q4_K as random valid blocks), so the bytes do not depend on
+Q4_0 as ggml's reference quantizers do; Q4_K and Q6_K as random valid blocks), so the bytes do not depend on
 the ``gguf`` package's version. :func:`fingerprint` hashes every tensor's name, type, shape and bytes:
 the fixtures store it, and the tests check that they regenerated the very weights llama.cpp saw.
 """
@@ -60,7 +60,7 @@ MODELS: dict[str, Tiny] = {
                    meta={"attention.sliding_window": 8, "rope.freq_base": 1e6}),
     "phi3": Tiny("phi3", attn_type=T.Q8_0, ffn_type=T.Q4_K, fused_qkv=True, fused_gate_up=True, longrope=True,
                  tied=False, meta={"rope.scaling.attn_factor": 1.19, "rope.scaling.original_context_length": 64}),
-    "granite": Tiny("granite", attn_type=T.Q8_0, ffn_type=T.Q8_0,
+    "granite": Tiny("granite", attn_type=T.Q8_0, ffn_type=T.Q6_K,
                     meta={"embedding_scale": 12.0, "residual_scale": 0.22, "attention.scale": 0.03,
                           "logit_scale": 4.0}),
 }
@@ -106,6 +106,18 @@ def _q4_k(rows: int, k: int, std: float, rng: np.random.Generator) -> np.ndarray
     return out.reshape(rows, -1)
 
 
+def _q6_k(rows: int, k: int, std: float, rng: np.random.Generator) -> np.ndarray:
+    """Random valid Q6_K blocks (128 low-nibble bytes, 64 high-bit bytes, 16 int8 scales, d) whose
+    values d * scale * (q - 32) have about ``std`` spread."""
+    nb = rows * k // 256
+    ql = rng.integers(0, 256, (nb, 128), dtype=np.uint8)
+    qh = rng.integers(0, 256, (nb, 64), dtype=np.uint8)
+    scales = rng.integers(-30, 31, (nb, 16)).astype(np.int8)
+    d = np.full((nb, 1), std / (17.0 * 18.5), dtype=np.float32)
+    out = np.concatenate([ql, qh, scales.view(np.uint8), _f16(d).view(np.uint8)], axis=1)
+    return out.reshape(rows, -1)
+
+
 def _encode(w: np.ndarray, t: Any, rng: np.random.Generator, std: float) -> tuple[np.ndarray, Any]:
     if t == T.F32:
         return w.astype(np.float32), t
@@ -117,6 +129,8 @@ def _encode(w: np.ndarray, t: Any, rng: np.random.Generator, std: float) -> tupl
         return _q4_0(w), t
     if t == T.Q4_K:
         return _q4_k(w.shape[0], w.shape[1], std, rng), t
+    if t == T.Q6_K:
+        return _q6_k(w.shape[0], w.shape[1], std, rng), t
     raise ValueError(f"unsupported tiny weight type {t}")
 
 
