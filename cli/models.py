@@ -140,7 +140,7 @@ def show(
         **({"kernel tier": _kernel_tier()} if chosen == "native" else {}),
     }
     m = _load(path, chosen, ctx, kv_type)
-    info["kv cache"] = _kv_cache_line(m)
+    info.update(_model_lines(m, chosen))
     report = getattr(m.backend, "weight_report", None)
     if report is not None:  # what each tensor became on a backend that converts them (mlx)
         info["weights"] = _weights_line(g, report())
@@ -192,11 +192,20 @@ def _weights_line(g, report: dict[str, str]) -> str:
     return ", ".join(f"{t} -> {what} x{n}" for (t, what), n in sorted(became.items()))
 
 
-def _kv_cache_line(m) -> str:
+def _model_lines(m, backend: str) -> dict[str, str]:
+    """The family with the features its layers use, whether the native fused stack runs it (or why
+    not), and the KV cache one sequence needs."""
     info = m.cache_info()
     rings = f", {info['layers_ring']} sliding-window layers of {info['ring_cells']} cells" if info["layers_ring"] else ""
-    return (f"{_size(info['sequence_bytes'])} per sequence at {info['n_ctx']} tokens, {info['kv_type']} "
-            f"({info['layers_full']} full layers{rings})")
+    out = {"family": m.model.describe()}
+    if backend == "native":
+        from llmedge.backends.native import stack_decline_reason
+
+        why = stack_decline_reason(m.model)
+        out["fused stack"] = "yes (every layer in one native call)" if why is None else f"no, op by op: {why}"
+    out["kv cache"] = (f"{_size(info['sequence_bytes'])} per sequence at {info['n_ctx']} tokens, {info['kv_type']} "
+                       f"({info['layers_full']} full layers{rings})")
+    return out
 
 
 def _size(n: int) -> str:

@@ -34,7 +34,7 @@ QK8_0 = 32  # values per q8_0 block
 _ALIGN = 64
 
 Alloc = Callable[[tuple[int, ...], Any], np.ndarray]
-RopeSpec = tuple[int, float, float, bool]  # n_rot, freq_base, freq_scale, neox
+RopeSpec = tuple  # n_rot, freq_base, freq_scale, neox[, freq_factors]
 
 
 class RopeBackend(Protocol):
@@ -376,10 +376,15 @@ class LayerCache:
             raise LlmedgeError("cannot shift a KV cache layer whose RoPE parameters are unknown")
         k_keep, k_moved = self.k.take(keep), self.k.take(moved)
         if len(moved):
-            n_rot, base, scale, neox = self.rope
+            n_rot, base, scale, neox, *factors = self.rope
             kf = self.k.to_f32(k_moved)
             delta = np.full(len(moved), -n_discard, dtype=np.int32)
-            kf = backend.rope(np.ascontiguousarray(kf), delta, n_rot, base, scale, neox)
+            if factors:  # frequency factors (Llama 3, LongRoPE): a pure rotation by the same angles.
+                # (llama.cpp's K-shift also multiplies by attn_factor again; keys already carry it once.)
+                kf = backend.rope(np.ascontiguousarray(kf), delta, n_rot, base, scale, neox,
+                                  freq_factors=factors[0])
+            else:
+                kf = backend.rope(np.ascontiguousarray(kf), delta, n_rot, base, scale, neox)
             k_moved = self.k.from_f32(np.asarray(kf, dtype=np.float32))
         new_pos = np.concatenate([p[keep], p[moved] - n_discard]).astype(np.int32)
         k_raw = tuple(np.concatenate([a, b]) for a, b in zip(k_keep, k_moved))

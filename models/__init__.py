@@ -8,8 +8,8 @@ from typing import Any
 from llmedge.errors import ModelError
 
 ARCHITECTURES = {
-    "llama": "llmedge.models.llama",
-    "gemma3": "llmedge.models.gemma3",
+    name: f"llmedge.models.{name}"
+    for name in ("llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "granite")
 }
 
 
@@ -19,6 +19,6 @@ def model_class(arch: str) -> Any:
         module = ARCHITECTURES[arch]
     except KeyError:
         raise ModelError(
-            f"architecture {arch[:80]!r} is not supported (supported: {', '.join(sorted(ARCHITECTURES))})"
+            f"architecture {arch[:80]!r} is not supported; supported: {', '.join(ARCHITECTURES)}"
         ) from None
     return importlib.import_module(module).Model

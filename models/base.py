@@ -2,23 +2,25 @@
 one or more sequences evaluated in one forward: continuous batching), weight lookup by GGUF name,
 the cache layout, the attention and feed-forward blocks and the decoder forward itself.
 
-Architectures describe themselves (weights per layer, an :class:`AttentionSpec` per layer, the GLU
-kind, an embedding scale, post-norms) and inherit :meth:`Decoder.forward`. A backend that offers
+Architectures declare themselves (a :class:`llmedge.models.spec.Family`: the features their
+layers use) and :class:`Decoder` builds the rest from that declaration. A backend that offers
 ``decoder_layers`` (the native one) runs every layer of a step in one call; any other backend runs
 the blocks op by op."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from llmedge.backends.base import Backend, GluKind
+from llmedge.backends.base import Backend
 from llmedge.errors import ModelError
 from llmedge.gguf import GGUFFile
 from llmedge.kvcache import KV_TYPES, Arena, LayerCache, Scratch, SequenceCache, plan_sequence_cache
+from llmedge.models.spec import Family, HParams, LayerSpec, TensorDecl, layer_specs, layer_tensors
 
 
 @dataclass
@@ -102,32 +104,24 @@ class Weights:
             raise ModelError(f"{self.gguf.path}: tensor '{name}' is missing")
         return self.backend.prepare(self.gguf.tensors[name])
 
-    def layer(self, i: int, names: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict[str, Any]:
-        out = {n: self.get(f"blk.{i}.{n}.weight") for n in names}
-        out.update({n: self.get(f"blk.{i}.{n}.weight") for n in optional if self.has(f"blk.{i}.{n}.weight")})
-        return out
+    def layer(self, i: int, decls: Sequence[TensorDecl]) -> dict[str, Any]:
+        """Layer ``i``'s tensors as declared (keyed by :attr:`TensorDecl.key`); optional ones when present."""
+        return {d.key: self.get(f"blk.{i}.{d.name}") for d in decls if d.required or self.has(f"blk.{i}.{d.name}")}
+
+    def check_declared(self, decls: Sequence[TensorDecl], arch: str, extra: Sequence[str] = ()) -> None:
+        """Refuse a file with a layer tensor the family does not declare: it would be silently ignored."""
+        known = {d.name for d in decls}
+        for name in self.gguf.tensors:
+            if name.startswith("blk."):
+                short = name.split(".", 2)[2]
+                if short not in known:
+                    raise ModelError(f"{arch}: tensor '{name}' is not supported by llmedge's {arch} architecture")
+            elif name not in ("token_embd.weight", "output_norm.weight", "output.weight", *extra):
+                raise ModelError(f"{arch}: tensor '{name}' is not supported by llmedge's {arch} architecture")
 
     def output(self) -> Any:
         """``output.weight``, falling back to ``token_embd.weight`` when the embeddings are tied."""
         return self.get("output.weight" if self.has("output.weight") else "token_embd.weight")
-
-
-@dataclass
-class AttentionSpec:
-    """How one layer's attention behaves (set per layer by the architecture)."""
-
-    n_head: int
-    n_kv_head: int
-    head_dim: int
-    n_rot: int
-    rope_base: float
-    rope_scale: float
-    neox: bool
-    scale: float
-    eps: float
-    window: int | None = None
-    softcap: float | None = None
-    q_scale: float = 1.0  # multiplies Q after RoPE, before the cache-typed product (Gemma's query scaling)
 
 
 def make_sequence_cache(n_layer: int, n_ctx: int, n_kv_head: int, head_dim: int, kv_type: str,
@@ -148,55 +142,117 @@ def make_sequence_cache(n_layer: int, n_ctx: int, n_kv_head: int, head_dim: int,
     return SequenceCache(layers, arena=arena, scratch=scratch)
 
 
+def _rope(be: Backend, x: np.ndarray, pos: np.ndarray, spec: LayerSpec, ff: np.ndarray | None) -> np.ndarray:
+    if ff is None and spec.rope_attn_factor == 1.0:  # the plain call every backend offers
+        return be.rope(x, pos, spec.n_rot, spec.rope_base, spec.rope_scale, spec.neox)
+    return be.rope(x, pos, spec.n_rot, spec.rope_base, spec.rope_scale, spec.neox, freq_factors=ff,
+                   attn_factor=spec.rope_attn_factor)
+
+
+def qkv_projections(be: Backend, w: dict[str, Any], h: np.ndarray,
+                    spec: LayerSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q, K and V rows ([n, heads, head_dim]) from separate or fused (``attn_qkv``) weights, plus biases."""
+    n, nq, nk = h.shape[0], spec.n_head * spec.head_dim, spec.n_kv_head * spec.head_dim
+    if spec.fused_qkv:
+        qkv = be.matmul(h, w["attn_qkv"])
+        q, k, v = qkv[:, :nq], qkv[:, nq : nq + nk], qkv[:, nq + nk :]
+    else:
+        q, k, v = be.matmul(h, w["attn_q"]), be.matmul(h, w["attn_k"]), be.matmul(h, w["attn_v"])
+    if spec.qkv_bias:
+        q, k, v = q + w["attn_q.bias"], k + w["attn_k.bias"], v + w["attn_v.bias"]
+    return (np.ascontiguousarray(q).reshape(n, spec.n_head, spec.head_dim),
+            np.ascontiguousarray(k).reshape(n, spec.n_kv_head, spec.head_dim),
+            np.ascontiguousarray(v).reshape(n, spec.n_kv_head, spec.head_dim))
+
+
 def attention_block(be: Backend, w: dict[str, Any], h: np.ndarray, step: Batch | Step, il: int,
-                    spec: AttentionSpec) -> np.ndarray:
-    """Q/K/V projections, optional per-head Q/K norms, RoPE, cached attention (each sequence over its
-    own layer ``il`` cache), output projection."""
+                    spec: LayerSpec, rope_ff: np.ndarray | None = None) -> np.ndarray:
+    """Q/K/V projections (and biases), optional per-head Q/K norms, RoPE, cached attention (each
+    sequence over its own layer ``il`` cache), output projection (and bias)."""
     step = Step.of(step)
     n = h.shape[0]
-    q = be.matmul(h, w["attn_q"]).reshape(n, spec.n_head, spec.head_dim)
-    k = be.matmul(h, w["attn_k"]).reshape(n, spec.n_kv_head, spec.head_dim)
-    v = be.matmul(h, w["attn_v"]).reshape(n, spec.n_kv_head, spec.head_dim)
-    if "attn_q_norm" in w:
+    q, k, v = qkv_projections(be, w, h, spec)
+    if spec.qk_norm:
         q = be.rms_norm(q, w["attn_q_norm"], spec.eps)
         k = be.rms_norm(k, w["attn_k_norm"], spec.eps)
     pos = step.positions
-    q = be.rope(q, pos, spec.n_rot, spec.rope_base, spec.rope_scale, spec.neox)
+    q = _rope(be, q, pos, spec, rope_ff)
     if spec.q_scale != 1.0:
         q = q * np.float32(spec.q_scale)
-    k = be.rope(k, pos, spec.n_rot, spec.rope_base, spec.rope_scale, spec.neox)
+    k = _rope(be, k, pos, spec, rope_ff)
     parts = []
     for (s, e), b in zip(step.bounds, step.batches):
         layer = b.cache.layers[il]
         if layer.rope is None:  # what a context shift needs to re-rotate this layer's keys
-            layer.rope = (spec.n_rot, spec.rope_base, spec.rope_scale, spec.neox)
+            layer.rope = cache_rope(spec, rope_ff)
         k_all, v_all, k_pos = layer.update_and_fetch(k[s:e], v[s:e], pos[s:e])
         parts.append(be.attention(q[s:e], k_all, v_all, pos[s:e], k_pos, spec.scale, spec.window, spec.softcap))
     o = parts[0] if len(parts) == 1 else np.concatenate(parts)
-    return be.matmul(o.reshape(n, spec.n_head * spec.head_dim), w["attn_output"])
+    out = be.matmul(o.reshape(n, spec.n_head * spec.head_dim), w["attn_output"])
+    return out + w["attn_output.bias"] if spec.o_bias else out
 
 
-def ffn_block(be: Backend, w: dict[str, Any], h: np.ndarray, kind: GluKind) -> np.ndarray:
-    """Gated feed-forward: down(act(gate(h)) * up(h))."""
-    return be.matmul(be.glu(be.matmul(h, w["ffn_gate"]), be.matmul(h, w["ffn_up"]), kind), w["ffn_down"])
+def cache_rope(spec: LayerSpec, rope_ff: np.ndarray | None) -> tuple[Any, ...]:
+    """The layer cache's RoPE record, what a context shift rotates keys with: (n_rot, base, scale,
+    neox[, freq_factors])."""
+    return spec.rope if rope_ff is None else (*spec.rope, rope_ff)
+
+
+def ffn_block(be: Backend, w: dict[str, Any], h: np.ndarray, spec: LayerSpec) -> np.ndarray:
+    """Gated feed-forward: down(act(gate(h)) * up(h)); with a fused ``ffn_up``, gate rows come first."""
+    if spec.fused_gate_up:
+        gu = be.matmul(h, w["ffn_up"])
+        gate, up = np.ascontiguousarray(gu[:, : spec.n_ff]), np.ascontiguousarray(gu[:, spec.n_ff :])
+    else:
+        gate, up = be.matmul(h, w["ffn_gate"]), be.matmul(h, w["ffn_up"])
+    return be.matmul(be.glu(gate, up, spec.glu), w["ffn_down"])
+
+
+def softcap_logits(x: np.ndarray, cap: float) -> np.ndarray:
+    """ggml's final soft-capping: scale by 1/cap, tanh, scale by cap (float32 throughout)."""
+    return (np.tanh(x * (np.float32(1.0) / np.float32(cap))) * np.float32(cap)).astype(np.float32)
 
 
 class Decoder:
-    """A decoder-only transformer described by its parts; subclasses set them in ``__init__``:
-    ``params`` (n_vocab, n_embd, n_layer, eps, ...), ``backend``, ``token_embd``, ``layers`` (per
-    layer a dict of weights by GGUF short name; ``post_attention_norm``/``post_ffw_norm`` when the
-    architecture normalizes block outputs), ``specs`` (per layer an :class:`AttentionSpec`),
-    ``glu_kind``, ``embd_scale`` (None: none), ``output_norm`` and ``output``."""
+    """A decoder-only transformer built from its :class:`Family` declaration (the class attribute
+    ``family`` of each ``models/<arch>.py``): hyper-parameters from the shared reader, the declared
+    tensors per layer, one :class:`LayerSpec` per layer. ``layers`` holds per layer a dict of
+    weights keyed by :attr:`TensorDecl.key`; ``specs`` the specs every backend reads."""
 
-    params: Any
-    backend: Backend
-    token_embd: Any
-    layers: list[dict[str, Any]]
-    specs: list[AttentionSpec]
-    glu_kind: GluKind
-    embd_scale: np.float32 | None = None
-    output_norm: Any
-    output: Any
+    family: Family
+
+    def __init__(self, gguf: GGUFFile, backend: Backend) -> None:
+        f = self.family
+        self.params = hp = HParams.read(gguf, f)
+        self.backend = backend
+        wt = Weights(gguf, backend)
+        decls = layer_tensors(f)
+        globals_ = (("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
+                    if f.rope_factors != "none" else ())
+        wt.check_declared(decls, hp.arch, globals_)
+        self.specs = layer_specs(f, hp, wt.has)
+        self.layers = [wt.layer(il, decls) for il in range(hp.n_layer)]
+        self.token_embd = wt.get("token_embd.weight")
+        self.output_norm = wt.get("output_norm.weight")
+        self.output = wt.output()
+        self.tied_output = not wt.has("output.weight")
+        self.glu_kind = f.glu
+        embd_scale = math.sqrt(hp.n_embd) if f.embd_scale else hp.embedding_scale
+        self.embd_scale = np.float32(embd_scale) if embd_scale else None
+        self.final_softcap = hp.final_softcap
+        self.logit_scale = hp.logit_scale or None
+        self.rope_tables = {n.split(".")[0]: _f32(wt.get(n)) for n in globals_ if wt.has(n)}
+        self.rope_ff = self._pick_rope_factors(hp.n_ctx_train)
+
+    def _pick_rope_factors(self, n_ctx: int) -> np.ndarray | None:
+        """llama.cpp's get_rope_factors: rope_freqs, else LongRoPE's long factors beyond the original
+        context (``n_ctx > n_ctx_orig``), else its short ones."""
+        t = self.rope_tables
+        if "rope_freqs" in t:
+            return t["rope_freqs"]
+        if "rope_factors_long" in t:
+            return t["rope_factors_long" if n_ctx > self.params.n_ctx_orig else "rope_factors_short"]
+        return None
 
     def forward(self, batch: Batch | Step, hidden: bool = False) -> np.ndarray:
         """Logits of the step's output rows (float32 [rows, n_vocab]); with ``hidden``, the final
@@ -214,18 +270,27 @@ class Decoder:
         if rows is not None:
             x = x[rows]
         x = be.rms_norm(x, self.output_norm, eps)
-        return x if hidden else be.matmul(x, self.output)
+        if hidden:
+            return x
+        logits = be.matmul(x, self.output)
+        if self.logit_scale is not None:  # Granite: ggml_scale by 1 / logit_scale
+            logits = logits * (np.float32(1.0) / np.float32(self.logit_scale))
+        return logits if self.final_softcap is None else softcap_logits(logits, self.final_softcap)
 
     def layer_forward(self, x: np.ndarray, step: Step, il: int) -> np.ndarray:
         """One layer, op by op: attention block and gated FFN, each with its residual."""
-        be, eps, w = self.backend, self.params.eps, self.layers[il]
-        h = attention_block(be, w, be.rms_norm(x, w["attn_norm"], eps), step, il, self.specs[il])
-        if "post_attention_norm" in w:
-            h = be.rms_norm(h, w["post_attention_norm"], eps)
+        be, w, spec = self.backend, self.layers[il], self.specs[il]
+        h = attention_block(be, w, be.rms_norm(x, w["attn_norm"], spec.eps), step, il, spec, self.rope_ff)
+        if spec.post_norms:
+            h = be.rms_norm(h, w["post_attention_norm"], spec.eps)
+        if spec.residual_scale != 1.0:
+            h = h * np.float32(spec.residual_scale)
         x = x + h
-        h = ffn_block(be, w, be.rms_norm(x, w["ffn_norm"], eps), self.glu_kind)
-        if "post_ffw_norm" in w:
-            h = be.rms_norm(h, w["post_ffw_norm"], eps)
+        h = ffn_block(be, w, be.rms_norm(x, w["ffn_norm"], spec.eps), spec)
+        if spec.post_norms:
+            h = be.rms_norm(h, w["post_ffw_norm"], spec.eps)
+        if spec.residual_scale != 1.0:
+            h = h * np.float32(spec.residual_scale)
         return x + h
 
     def forward_many(self, batches: Sequence[Batch]) -> list[np.ndarray]:
@@ -233,11 +298,25 @@ class Decoder:
         step = Step(batches)
         return step.split(self.forward(step))
 
+    def make_cache(self, n_ctx: int, kv_type: str = "f16", max_batch: int = 512) -> SequenceCache:
+        """Full caches, rings for sliding-window layers; also picks LongRoPE's factors for ``n_ctx``."""
+        ff = self._pick_rope_factors(n_ctx)
+        if ff is not self.rope_ff:
+            self.rope_ff = ff
+            self._native_stack = None  # the fused stack's plan points at the factors
+        p = self.params
+        return make_sequence_cache(p.n_layer, n_ctx, p.n_kv_head, p.head_dim, kv_type,
+                                   [s.window for s in self.specs], max_batch)
 
-def rope_scale_from(gguf: GGUFFile, arch: str) -> float:
-    """Linear RoPE scaling as llama.cpp reads it: freq_scale = 1 / factor."""
-    kind = gguf.get(f"{arch}.rope.scaling.type", "none")
-    factor = gguf.get(f"{arch}.rope.scaling.factor", 0.0) or 0.0
-    if kind not in ("none", "linear") :
-        raise ModelError(f"RoPE scaling '{kind}' is not supported yet")
-    return 1.0 / factor if kind == "linear" and factor > 0 else 1.0
+    def describe(self) -> str:
+        """One line: the family and the features its layers use."""
+        used = sorted({f for s in self.specs for f in s.used_features()})
+        extra = [n for n, on in (("embd_scale", self.embd_scale is not None),
+                                 ("final_softcap", self.final_softcap is not None),
+                                 ("logit_scale", self.logit_scale is not None),
+                                 ("tied_output", self.tied_output)) if on]
+        return f"{self.family.name} ({', '.join(used + extra) or 'plain'})"
+
+
+def _f32(a: Any) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(a, dtype=np.float32).reshape(-1))

@@ -1,6 +1,8 @@
 /* The decoder stack in one call: for every layer, RMS norm, Q/K/V products, per-head Q/K norms,
  * RoPE, the K/V cache writes, attention (each sequence over its own cache), output product and
- * residual, then the gated feed-forward and its residual, with optional post-norms (Gemma).
+ * residual, then the gated feed-forward and its residual, with what a models.spec.LayerSpec may
+ * declare: Q/K/V/output biases, fused QKV and gate/up weights, RoPE frequency factors and
+ * attn_factor, post-norms (Gemma), residual scaling (Granite).
  *
  * The arithmetic is exactly the op-by-op path's (models.base.Decoder.layer_forward on the native
  * backend): the same kernels in the same order, so logits are bit for bit the same. What it saves
@@ -35,7 +37,7 @@ static double now_ns(void) {
     } while (0)
 
 typedef struct { float *p; size_t n; } fbuf;
-static fbuf g_bufs[10];
+static fbuf g_bufs[11];
 
 static float *buf(int i, size_t n) {
     fbuf *b = &g_bufs[i];
@@ -94,6 +96,25 @@ static void dequantize_cells(const void *cells, const void *scales, int n_cells,
     }
 }
 
+/* rows of [a | b | c] (widths na, nb, nc) into separate contiguous arrays (c may be NULL when nc is 0) */
+static void split_rows(const float *src, long long n, int na, int nb, int nc, float *a, float *b, float *c) {
+    const size_t w = (size_t)na + nb + nc;
+    for (long long r = 0; r < n; r++) {
+        const float *s = src + (size_t)r * w;
+        memcpy(a + (size_t)r * na, s, (size_t)na * sizeof(float));
+        memcpy(b + (size_t)r * nb, s + na, (size_t)nb * sizeof(float));
+        if (nc) memcpy(c + (size_t)r * nc, s + na + nb, (size_t)nc * sizeof(float));
+    }
+}
+
+/* x[r][i] += bias[i] (float32, as NumPy's broadcast add in the op-by-op path) */
+static void add_bias(float *x, const float *bias, long long n, int d) {
+    for (long long r = 0; r < n; r++) {
+        float *row = x + (size_t)r * d;
+        for (int i = 0; i < d; i++) row[i] += bias[i];
+    }
+}
+
 static int layer_forward(const lle_layer *L, float *x, long long n, const int *pos, int n_seqs,
                          const int *seq_rows, const lle_kv *kv) {
     const int d = L->n_embd, hd = L->head_dim, nq = L->n_head * hd, nk = L->n_kv_head * hd;
@@ -104,19 +125,30 @@ static int layer_forward(const lle_layer *L, float *x, long long n, const int *p
     int rc = 0;
     /* attention block */
     TIMED(P_NORM, rc |= lle_rms_norm_impl(x, L->attn_norm, n, d, L->eps, xn));
-    if (n == 1) {
+    if (L->fused_qkv) {
+        float *qkv = buf(10, (size_t)n * (nq + 2 * nk));
+        if (!qkv) return -2;
+        TIMED(P_QKV, rc |= mm(&L->wq, xn, n, qkv); split_rows(qkv, n, nq, nk, nk, q, k, v));
+    } else if (n == 1) {
         const lle_weight *wqkv[3] = {&L->wq, &L->wk, &L->wv};
         float *oqkv[3] = {q, k, v};
         TIMED(P_QKV, rc |= lle_matvec_group_impl(wqkv, 3, xn, oqkv));
     } else {
         TIMED(P_QKV, rc |= mm(&L->wq, xn, n, q); rc |= mm(&L->wk, xn, n, k); rc |= mm(&L->wv, xn, n, v));
     }
+    if (L->bq) {
+        add_bias(q, L->bq, n, nq);
+        add_bias(k, L->bk, n, nk);
+        add_bias(v, L->bv, n, nk);
+    }
     if (L->q_norm) TIMED(P_NORM, rc |= lle_rms_norm_impl(q, L->q_norm, n * L->n_head, hd, L->eps, q));
     if (L->k_norm) TIMED(P_NORM, rc |= lle_rms_norm_impl(k, L->k_norm, n * L->n_kv_head, hd, L->eps, k));
     TIMED(P_ROPE,
-          rc |= lle_rope_impl(q, pos, n, L->n_head, hd, L->n_rot, L->rope_base, L->rope_scale, L->neox, NULL, q);
+          rc |= lle_rope_impl(q, pos, n, L->n_head, hd, L->n_rot, L->rope_base, L->rope_scale, L->neox,
+                              L->rope_factors, L->rope_attn_factor, q);
           if (L->q_scale != 1.0f) rc |= lle_scale_impl(q, L->q_scale, n * nq, q);
-          rc |= lle_rope_impl(k, pos, n, L->n_kv_head, hd, L->n_rot, L->rope_base, L->rope_scale, L->neox, NULL, k));
+          rc |= lle_rope_impl(k, pos, n, L->n_kv_head, hd, L->n_rot, L->rope_base, L->rope_scale, L->neox,
+                              L->rope_factors, L->rope_attn_factor, k));
     if (rc) return rc;
     for (int s = 0; s < n_seqs; s++) {
         const lle_kv *c = &kv[s];
@@ -140,11 +172,17 @@ static int layer_forward(const lle_layer *L, float *x, long long n, const int *p
                                        L->softcap, ao + (size_t)r0 * nq));
     }
     TIMED(P_OUT, rc |= mm(&L->wo, ao, n, h));
+    if (L->bo) add_bias(h, L->bo, n, d);
     if (L->post_attn_norm) TIMED(P_NORM, rc |= lle_rms_norm_impl(h, L->post_attn_norm, n, d, L->eps, h));
+    if (L->residual_scale != 1.0f) rc |= lle_scale_impl(h, L->residual_scale, n * d, h);
     TIMED(P_ADD, rc |= lle_add_impl(x, h, n * d, x));
     /* feed-forward block */
     TIMED(P_NORM, rc |= lle_rms_norm_impl(x, L->ffn_norm, n, d, L->eps, xn));
-    if (n == 1) {
+    if (L->fused_gate_up) {
+        float *gu = buf(10, (size_t)n * 2 * L->n_ff);
+        if (!gu) return -2;
+        TIMED(P_GATE_UP, rc |= mm(&L->up, xn, n, gu); split_rows(gu, n, L->n_ff, L->n_ff, 0, gate, up, NULL));
+    } else if (n == 1) {
         const lle_weight *wgu[2] = {&L->gate, &L->up};
         float *ogu[2] = {gate, up};
         TIMED(P_GATE_UP, rc |= lle_matvec_group_impl(wgu, 2, xn, ogu));
@@ -154,6 +192,7 @@ static int layer_forward(const lle_layer *L, float *x, long long n, const int *p
     TIMED(P_GLU, rc |= lle_glu_impl(gate, up, n * L->n_ff, L->glu_kind, gate));
     TIMED(P_DOWN, rc |= mm(&L->down, gate, n, h));
     if (L->post_ffn_norm) TIMED(P_NORM, rc |= lle_rms_norm_impl(h, L->post_ffn_norm, n, d, L->eps, h));
+    if (L->residual_scale != 1.0f) rc |= lle_scale_impl(h, L->residual_scale, n * d, h);
     TIMED(P_ADD, rc |= lle_add_impl(x, h, n * d, x));
     return rc;
 }

@@ -43,6 +43,10 @@ int lle_rms_norm(const float *x, const float *w, long long n, long long d, float
 int lle_rope(const float *x, const int *pos, long long n, long long n_head, long long head_dim,
              int n_rot, float freq_base, float freq_scale, int neox, const float *freq_factors,
              float *out);
+/* lle_rope with ggml's attn_factor (mscale): cos and sin are multiplied by it (LongRoPE, YaRN) */
+int lle_rope_ext(const float *x, const int *pos, long long n, long long n_head, long long head_dim,
+                 int n_rot, float freq_base, float freq_scale, int neox, const float *freq_factors,
+                 float attn_factor, float *out);
 int lle_softmax(const float *x, long long n, long long d, float scale, float *out);
 int lle_attention(const float *q, long long n, long long n_head, long long d,
                   const void *k, const void *v, int kv_f16, long long t, long long n_kv,
@@ -67,6 +71,16 @@ typedef struct {
     const float *attn_norm, *q_norm, *k_norm, *post_attn_norm, *ffn_norm, *post_ffn_norm;
     int n_embd, n_ff, n_head, n_kv_head, head_dim, n_rot, neox, glu_kind, window;
     float eps, rope_base, rope_scale, q_scale, attn_scale, softcap;
+    /* biases added after the Q/K/V and output products (NULL when absent) */
+    const float *bq, *bk, *bv, *bo;
+    /* RoPE frequency factors (n_rot / 2: Llama 3's rope_freqs, LongRoPE's long or short; NULL: none)
+     * and ggml's attn_factor, which scales cos and sin */
+    const float *rope_factors;
+    float rope_attn_factor;
+    /* fused_qkv: wq holds Q, K and V rows stacked (wk, wv unused); fused_gate_up: up holds the gate
+     * rows then the up rows, 2 * n_ff of them (gate unused) */
+    int fused_qkv, fused_gate_up;
+    float residual_scale;      /* multiplies the attention and FFN outputs before each residual add */
 } lle_layer;
 
 typedef struct {

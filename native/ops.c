@@ -184,7 +184,7 @@ int lle_rms_norm(const float *x, const float *w, long long n, long long d, float
 
 typedef struct {
     const float *x; const int *pos; int64_t n_head, head_dim; int n_rot;
-    float freq_scale, theta_scale; int neox; const float *freq_factors; float *out;
+    float freq_scale, theta_scale; int neox; const float *freq_factors; float mscale; float *out;
 } rope_ctx;
 
 static void rope_rows(void *vctx, int64_t r0, int64_t r1) {
@@ -197,8 +197,8 @@ static void rope_rows(void *vctx, int64_t r0, int64_t r1) {
         for (int i0 = 0; i0 < n_rot; i0 += 2) {
             const float ff = c->freq_factors ? c->freq_factors[i0 / 2] : 1.0f;
             const float th = c->freq_scale * (theta / ff);
-            cache[i0 + 0] = cosf(th);
-            cache[i0 + 1] = sinf(th);
+            cache[i0 + 0] = cosf(th) * c->mscale;  /* ggml rope_yarn: attn_factor scales cos and sin */
+            cache[i0 + 1] = sinf(th) * c->mscale;
             theta *= c->theta_scale;
         }
         for (int64_t h = 0; h < c->n_head; h++) {
@@ -213,10 +213,10 @@ static void rope_rows(void *vctx, int64_t r0, int64_t r1) {
 
 int lle_rope_impl(const float *x, const int *pos, long long n, long long n_head, long long head_dim,
              int n_rot, float freq_base, float freq_scale, int neox, const float *freq_factors,
-             float *out) {
+             float attn_factor, float *out) {
     if (n_rot > head_dim || n_rot % 2 != 0 || n_rot > 2048) return -1;
     rope_ctx c = {x, pos, n_head, head_dim, n_rot, freq_scale, powf(freq_base, -2.0f / n_rot), neox,
-                  freq_factors, out};
+                  freq_factors, attn_factor, out};
     parallel_rows(rope_rows, &c, n, n_head * head_dim * 8);
     return 0;
 }
@@ -226,7 +226,19 @@ int lle_rope(const float *x, const int *pos, long long n, long long n_head, long
              float *out) {
     lle_lock();
     lle_ensure_init();
-    const int r = lle_rope_impl(x, pos, n, n_head, head_dim, n_rot, freq_base, freq_scale, neox, freq_factors, out);
+    const int r = lle_rope_impl(x, pos, n, n_head, head_dim, n_rot, freq_base, freq_scale, neox, freq_factors, 1.0f,
+                                out);
+    lle_unlock();
+    return r;
+}
+
+int lle_rope_ext(const float *x, const int *pos, long long n, long long n_head, long long head_dim,
+                 int n_rot, float freq_base, float freq_scale, int neox, const float *freq_factors,
+                 float attn_factor, float *out) {
+    lle_lock();
+    lle_ensure_init();
+    const int r = lle_rope_impl(x, pos, n, n_head, head_dim, n_rot, freq_base, freq_scale, neox, freq_factors,
+                                attn_factor, out);
     lle_unlock();
     return r;
 }

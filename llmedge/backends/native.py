@@ -26,6 +26,7 @@ from llmedge.backends.base import out_array as _out
 from llmedge.backends.cpu import physical_cores
 from llmedge.errors import LlmedgeError
 from llmedge.gguf import TensorInfo
+from llmedge.models.base import cache_rope
 
 try:
     from llmedge._native import ffi, lib
@@ -221,8 +222,9 @@ class NativeBackend:
 
     def rope(self, x: np.ndarray, positions: np.ndarray, n_rot: int, freq_base: float,
              freq_scale: float, neox: bool, freq_factors: np.ndarray | None = None,
-             out: np.ndarray | None = None) -> np.ndarray:
-        """Rotate ``x`` [n, heads, head_dim]; ``out`` may be ``x`` itself (in place)."""
+             out: np.ndarray | None = None, attn_factor: float = 1.0) -> np.ndarray:
+        """Rotate ``x`` [n, heads, head_dim]; ``out`` may be ``x`` itself (in place). ``freq_factors``
+        divide each pair's angle, ``attn_factor`` scales cos and sin (ggml's rope_ext)."""
         x = _f32c(x)
         n, n_head, head_dim = x.shape
         pos = np.ascontiguousarray(positions, dtype=np.int32)
@@ -235,8 +237,8 @@ class NativeBackend:
             if freq_factors.size < n_rot // 2:
                 raise ValueError("rope: freq_factors needs n_rot/2 values")
             ff = _fptr(freq_factors)
-        _check(lib.lle_rope(_fptr(x), ffi.from_buffer("int[]", pos), n, n_head, head_dim, int(n_rot),
-                            freq_base, freq_scale, 1 if neox else 0, ff, _fptr(o)), "rope")
+        _check(lib.lle_rope_ext(_fptr(x), ffi.from_buffer("int[]", pos), n, n_head, head_dim, int(n_rot),
+                                freq_base, freq_scale, 1 if neox else 0, ff, attn_factor, _fptr(o)), "rope")
         return o
 
     def softmax(self, x: np.ndarray, scale: float = 1.0, out: np.ndarray | None = None) -> np.ndarray:
@@ -317,7 +319,7 @@ class NativeBackend:
         native kernel."""
         plan = getattr(model, "_native_stack", None)
         if plan is None:
-            plan = model._native_stack = _StackPlan(model) if _StackPlan.supported(model) else False
+            plan = model._native_stack = _StackPlan(model) if _StackPlan.decline_reason(model) is None else False
         if plan is False or x.dtype != _F32 or not x.flags["C_CONTIGUOUS"]:
             return False
         batches = step.batches
@@ -330,8 +332,7 @@ class NativeBackend:
             positions = np.asarray(b.positions)
             for il, layer in enumerate(b.cache.layers):
                 if layer.rope is None:
-                    spec = specs[il]
-                    layer.rope = (spec.n_rot, spec.rope_base, spec.rope_scale, spec.neox)
+                    layer.rope = cache_rope(specs[il], model.rope_ff)
                 start, first, used = layer.reserve(positions)
                 e = kv[il * n_seqs + s]
                 e.k, e.v, e.k_d, e.v_d, e.pos = _cells_ptrs(layer)
@@ -353,41 +354,89 @@ class NativeBackend:
 
 
 class _StackPlan:
-    """A model's layers as the C ``lle_layer`` array (built once; keeps the weights it points to alive)."""
+    """A model's layers as the C ``lle_layer`` array (built once; keeps the weights it points to alive).
+
+    The C stack encodes these :class:`llmedge.models.spec.LayerSpec` features: Q/K/V and output
+    biases, per-head Q/K norms, fused QKV and fused gate/up weights, post-norms, SiLU/GELU GLUs,
+    RoPE (both layouts, linear scaling, frequency factors, attn_factor), sliding windows, attention
+    soft-capping, Q scaling and residual scaling. A model using anything else runs op by op."""
+
+    ENCODED = frozenset({"qkv_bias", "o_bias", "qk_norm", "fused_qkv", "fused_gate_up", "post_norms",
+                         "sliding_window", "attn_softcap", "q_scale", "rope_freqs", "rope_longrope",
+                         "rope_attn_factor", "rope_linear", "residual_scale"})
 
     def __init__(self, model: Any) -> None:
-        layers, specs, eps = model.layers, model.specs, model.params.eps
+        layers, specs = model.layers, model.specs
         self.n_layer = len(layers)
         self.c = ffi.new("lle_layer[]", max(1, self.n_layer))
         self.keep: list[Any] = []
+        ff = model.rope_ff
         for il, (w, spec) in enumerate(zip(layers, specs)):
             L = self.c[il]
-            for field, name in (("wq", "attn_q"), ("wk", "attn_k"), ("wv", "attn_v"), ("wo", "attn_output"),
-                                ("gate", "ffn_gate"), ("up", "ffn_up"), ("down", "ffn_down")):
-                nw = w[name]
-                cw = getattr(L, field)
-                cw.type, cw.data, cw.row_bytes, cw.m, cw.k = nw.ggml_type, nw.ptr, nw.row_bytes, nw.m, nw.k
-            for field, name in (("attn_norm", "attn_norm"), ("q_norm", "attn_q_norm"), ("k_norm", "attn_k_norm"),
-                                ("post_attn_norm", "post_attention_norm"), ("ffn_norm", "ffn_norm"),
-                                ("post_ffn_norm", "post_ffw_norm")):
+            for field, name in _WEIGHT_FIELDS:
+                if name in w and not (field == "wq" and spec.fused_qkv):
+                    self._weight(L, field, w[name])
+            if spec.fused_qkv:
+                self._weight(L, "wq", w["attn_qkv"])
+            for field, name in _FLOAT_FIELDS:
                 if name in w:
-                    a = _f32c(w[name])
-                    self.keep.append(a)
-                    setattr(L, field, _fptr(a))
-            L.n_embd, L.n_ff = w["attn_q"].k, w["ffn_gate"].m
+                    setattr(L, field, self._floats(w[name]))
+            if ff is not None:
+                L.rope_factors = self._floats(ff)
+            L.n_embd, L.n_ff = w["attn_output"].m, spec.n_ff
             L.n_head, L.n_kv_head, L.head_dim, L.n_rot = spec.n_head, spec.n_kv_head, spec.head_dim, spec.n_rot
-            L.neox, L.glu_kind, L.window = int(spec.neox), _GLU_KINDS[model.glu_kind], int(spec.window or 0)
-            L.eps, L.rope_base, L.rope_scale = eps, spec.rope_base, spec.rope_scale
+            L.neox, L.glu_kind, L.window = int(spec.neox), _GLU_KINDS[spec.glu], int(spec.window or 0)
+            L.eps, L.rope_base, L.rope_scale = spec.eps, spec.rope_base, spec.rope_scale
             L.q_scale, L.attn_scale, L.softcap = spec.q_scale, spec.scale, float(spec.softcap or 0.0)
+            L.rope_attn_factor = spec.rope_attn_factor
+            L.fused_qkv, L.fused_gate_up = int(spec.fused_qkv), int(spec.fused_gate_up)
+            L.residual_scale = spec.residual_scale
 
     @staticmethod
-    def supported(model: Any) -> bool:
-        """Whether every weight the layers multiply has a native kernel (else: op by op)."""
-        names = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
-        try:
-            return all(isinstance(w[n], NativeWeight) and w[n].fallback is None for w in model.layers for n in names)
-        except (KeyError, AttributeError, TypeError):
-            return False
+    def _weight(L: Any, field: str, nw: NativeWeight) -> None:
+        cw = getattr(L, field)
+        cw.type, cw.data, cw.row_bytes, cw.m, cw.k = nw.ggml_type, nw.ptr, nw.row_bytes, nw.m, nw.k
+
+    def _floats(self, a: np.ndarray) -> Any:
+        a = _f32c(a)
+        self.keep.append(a)
+        return _fptr(a)
+
+    @classmethod
+    def decline_reason(cls, model: Any) -> str | None:
+        """None when the C stack encodes every feature and weight of ``model``; else why not, in a few
+        words (``llmedge show`` prints it)."""
+        specs = getattr(model, "specs", None)
+        if not specs:
+            return "the model declares no layer specs"
+        for il, spec in enumerate(specs):
+            missing = [f for f in spec.used_features() if f not in cls.ENCODED]
+            if missing:
+                return f"layer {il} uses {', '.join(missing)}, which the fused stack does not encode"
+        for il, w in enumerate(model.layers):
+            for name in ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "ffn_gate", "ffn_up", "ffn_down"):
+                nw = w.get(name)
+                if nw is not None and not (isinstance(nw, NativeWeight) and nw.fallback is None):
+                    t = getattr(nw, "ggml_type", "?")
+                    return f"layer {il} {name} has weight type {t} without a native kernel"
+        return None
+
+    @classmethod
+    def supported(cls, model: Any) -> bool:
+        return cls.decline_reason(model) is None
+
+
+_WEIGHT_FIELDS = (("wq", "attn_q"), ("wk", "attn_k"), ("wv", "attn_v"), ("wo", "attn_output"),
+                  ("gate", "ffn_gate"), ("up", "ffn_up"), ("down", "ffn_down"))
+_FLOAT_FIELDS = (("attn_norm", "attn_norm"), ("q_norm", "attn_q_norm"), ("k_norm", "attn_k_norm"),
+                 ("post_attn_norm", "post_attention_norm"), ("ffn_norm", "ffn_norm"),
+                 ("post_ffn_norm", "post_ffw_norm"), ("bq", "attn_q.bias"), ("bk", "attn_k.bias"),
+                 ("bv", "attn_v.bias"), ("bo", "attn_output.bias"))
+
+
+def stack_decline_reason(model: Any) -> str | None:
+    """Why the native fused stack would not run ``model`` (None: it would)."""
+    return _StackPlan.decline_reason(model)
 
 
 _KV_TYPE_CODES = {"f32": 0, "f16": 1, "q8_0": 2}

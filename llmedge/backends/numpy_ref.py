@@ -120,14 +120,16 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
 
-def rope_angles(positions: np.ndarray, n_rot: int, freq_base: float, freq_scale: float) -> np.ndarray:
+def rope_angles(positions: np.ndarray, n_rot: int, freq_base: float, freq_scale: float,
+                freq_factors: np.ndarray | None = None) -> np.ndarray:
     """theta[p, i] = pos * freq_scale * base^(-2i/n_rot), float32 [n, n_rot/2], computed as ggml does:
     the per-pair factor advances by repeated float32 multiplication (ggml_rope_cache_init)."""
     theta_scale = np.float32(np.float32(freq_base) ** np.float32(-2.0 / n_rot))
     theta = positions.astype(np.float32)
     out = np.empty((len(positions), n_rot // 2), dtype=np.float32)
+    ff = None if freq_factors is None else np.asarray(freq_factors, dtype=np.float32).reshape(-1)
     for i in range(n_rot // 2):
-        out[:, i] = np.float32(freq_scale) * theta
+        out[:, i] = np.float32(freq_scale) * (theta if ff is None else theta / ff[i])
         theta = theta * theta_scale
     return out
 
@@ -158,9 +160,12 @@ class NumpyBackend:
         return (x / np.sqrt(ms + eps)).astype(np.float32) * weight
 
     def rope(self, x: np.ndarray, positions: np.ndarray, n_rot: int, freq_base: float,
-             freq_scale: float, neox: bool) -> np.ndarray:
-        theta = rope_angles(positions, n_rot, freq_base, freq_scale)[:, None, :]
+             freq_scale: float, neox: bool, freq_factors: np.ndarray | None = None,
+             attn_factor: float = 1.0) -> np.ndarray:
+        theta = rope_angles(positions, n_rot, freq_base, freq_scale, freq_factors)[:, None, :]
         cos, sin = f64_op(np.cos, theta), f64_op(np.sin, theta)
+        if attn_factor != 1.0:  # ggml's rope_yarn: mscale multiplies cos and sin
+            cos, sin = cos * np.float32(attn_factor), sin * np.float32(attn_factor)
         out = x.copy()
         if neox:
             half = n_rot // 2
