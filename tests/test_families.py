@@ -24,7 +24,7 @@ from llmedge.gguf import GGUFFile
 from llmedge.models import ARCHITECTURES, model_class
 from llmedge.models.base import Batch
 
-BACKENDS = ["native", "numba", "numpy"]
+BACKENDS = ["native", "numba", "numpy", "mlx"]
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ agreement with llama.cpp is held to tolerances, not bit-exactness.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -180,7 +179,15 @@ class MlxBackend:
         return _np(mx.fast.rms_norm(mx.array(as_f32c(x)), w, eps))
 
     def rope(self, x: np.ndarray, positions: np.ndarray, n_rot: int, freq_base: float,
-             freq_scale: float, neox: bool) -> np.ndarray:
+             freq_scale: float, neox: bool, freq_factors: np.ndarray | None = None,
+             attn_factor: float = 1.0) -> np.ndarray:
+        if freq_factors is not None or attn_factor != 1.0:
+            # per-pair frequency factors (Llama 3, LongRoPE) and the YaRN/LongRoPE magnitude factor
+            # are rare and cheap at the RoPE step: the reference computes them exactly
+            from llmedge.backends.numpy_ref import NumpyBackend
+
+            return NumpyBackend().rope(as_f32c(x), np.asarray(positions), n_rot, freq_base, freq_scale, neox,
+                                       freq_factors=freq_factors, attn_factor=attn_factor)
         return _np(rope(mx.array(as_f32c(x)), mx.array(np.asarray(positions, dtype=np.int32)), n_rot,
                         freq_base, freq_scale, neox))
 
@@ -280,8 +287,9 @@ def glu(gate: mx.array, up: mx.array, kind: GluKind) -> mx.array:
 
 _KNOWN_WEIGHTS = {"attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm", "attn_output",
                   "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm"}
-_KNOWN_SPEC = {"n_head", "n_kv_head", "head_dim", "n_rot", "rope_base", "rope_scale", "neox", "scale", "eps",
-               "window", "softcap", "q_scale"}
+# the layer features (LayerSpec.used_features) the compiled per-layer functions encode; a layer
+# using any other (biases, fused tensors, RoPE factors, residual scales) runs op by op
+_STACK_FEATURES = {"qk_norm", "post_norms", "sliding_window", "attn_softcap", "q_scale", "rope_linear"}
 
 
 class _Stack:
@@ -294,9 +302,9 @@ class _Stack:
         if not layers or not specs or getattr(model, "glu_kind", None) not in ("silu", "gelu"):
             return False
         for w, spec in zip(layers, specs):
-            if not set(w) <= _KNOWN_WEIGHTS or not dataclasses.is_dataclass(spec):
+            if not set(w) <= _KNOWN_WEIGHTS or not hasattr(spec, "used_features"):
                 return False
-            if {f.name for f in dataclasses.fields(spec)} - _KNOWN_SPEC:
+            if set(spec.used_features()) - _STACK_FEATURES or spec.glu != model.glu_kind:
                 return False
             if not all(isinstance(w[n], MlxWeight) for n in ("attn_q", "attn_k", "attn_v", "attn_output",
                                                             "ffn_gate", "ffn_up", "ffn_down")):
