@@ -44,7 +44,9 @@ def _check(g: GGUFFile) -> None:
     from llmedge.models import model_class
 
     a = g.architecture
-    model_class(a)  # an unsupported architecture is reported as such, before its keys are looked up
+    # an unsupported architecture is reported as such, before its keys are looked up
+    family = getattr(model_class(a), "family", None)
+    fused_gate_up = bool(getattr(family, "fused_gate_up", False))
     tokens = g.get("tokenizer.ggml.tokens")
     if tokens is None or not hasattr(tokens, "__len__"):
         raise ModelError("the model has no vocabulary (tokenizer.ggml.tokens)")
@@ -69,7 +71,9 @@ def _check(g: GGUFFile) -> None:
         "post_ffw_norm": (n_embd,), "attn_q_norm": (head_k,), "attn_k_norm": (head_k,),
         "attn_q": (n_embd, n_head * head_k), "attn_k": (n_embd, n_kv * head_k),
         "attn_v": (n_embd, n_kv * head_v), "attn_output": (n_head * head_v, n_embd),
-        "ffn_gate": (n_embd, n_ff), "ffn_up": (n_embd, n_ff), "ffn_down": (n_ff, n_embd),
+        "attn_qkv": (n_embd, n_head * head_k + n_kv * (head_k + head_v)),
+        "ffn_gate": (n_embd, n_ff), "ffn_up": (n_embd, 2 * n_ff if fused_gate_up else n_ff),
+        "ffn_down": (n_ff, n_embd),
     }
     for i in range(n_layer):
         for name, dims in expected.items():
