@@ -96,7 +96,12 @@ def _kl_divergence(model: str, base_file: Path, text: str | None, kv_type: str,
 
     base = kld.read_base(base_file)  # first: its n_ctx sizes the context
     m = load(model, backend=backend, n_ctx=base.n_ctx, n_threads=threads, kv_type=kv_type)
-    typer.echo(kld.TABLE_HEADER)
-    sums = kl_divergence(m, base, text, on_chunk=lambda i, s: typer.echo(kld.chunk_line(i, s)))
+
+    def report(i: int, sums: kld.KldSums) -> None:
+        if i == 1:  # after the base file has passed its checks
+            typer.echo(kld.TABLE_HEADER)
+        typer.echo(kld.chunk_line(i, sums))
+
+    sums = kl_divergence(m, base, text, on_chunk=report)
     typer.echo("")
     typer.echo(kld.report(kld.statistics(sums)))

@@ -154,3 +154,6 @@ def test_cli_saves_a_base_and_prints_llama_perplexity_statistics_with_a_kv_type(
         assert line in p.stdout, line
     p = cli(str(tiny["q4"]), "-f", str(text), "--kl-divergence")
     assert p.returncode == 1 and p.stderr.count("\n") == 1 and "--kl-divergence-base" in p.stderr
+    text.write_text(TEXT[5:], encoding="utf-8")
+    p = cli(str(tiny["q4"]), "-f", str(text), "--kl-divergence", "--kl-divergence-base", str(base))
+    assert p.returncode == 1 and p.stdout == "" and p.stderr.count("\n") == 1 and "other tokens" in p.stderr
