@@ -55,7 +55,7 @@ def main() -> None:
         f = llama_logits(a.base, a.ctx)
         rows = [kld.quantize_rows(f([int(t) for t in base.tokens[c * a.ctx : (c + 1) * a.ctx]]))
                 for c in range(base.n_chunk)]
-        kld.write_base(theirs_base, a.ctx, base.n_vocab, base.tokens.tolist(), rows)
+        kld.write_base(theirs_base, a.ctx, base.n_vocab, base.tokens.tolist(), rows, base.n_chunk)
         theirs = kld.statistics(kld.compare(kld.read_base(theirs_base), llama_logits(a.quant, a.ctx)))
         out = subprocess.run([*cmd, a.quant, "--kl-divergence", "--kl-divergence-base", str(ours_base)],
                              check=True, capture_output=True, text=True).stdout

@@ -38,7 +38,7 @@ def tokenize(
 def perplexity(
     model: ModelArg,
     file: Annotated[Path | None, typer.Option("-f", "--file", help="The text file to score.")] = None,
-    ctx: Annotated[int, typer.Option("--ctx", help="Tokens per chunk.")] = 512,
+    ctx: Annotated[int, typer.Option("--ctx", help="Tokens per chunk (--kl-divergence takes the base file's).")] = 512,
     kld_base: Annotated[Path | None, typer.Option(
         "--kl-divergence-base", help="Save the log-probs to this file (with -f), or read them (with --kl-divergence).",
     )] = None,

@@ -12,9 +12,10 @@ llama.cpp's float32/float64 mix so the figures match llama-perplexity's.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -78,19 +79,25 @@ class BaseLogits:
         return self.n_ctx - 1 - self.n_ctx // 2
 
 
-def write_base(path: str | Path, n_ctx: int, n_vocab: int, tokens: list[int], rows: list[np.ndarray]) -> None:
-    """Write a base file: ``tokens`` holds at least ``len(rows) * n_ctx`` ids; ``rows`` holds each
-    chunk's :func:`quantize_rows` output."""
-    n_chunk = len(rows)
+def open_base(path: str | Path, n_ctx: int, n_vocab: int, n_chunk: int, tokens: list[int]) -> BinaryIO:
+    """Create a base file and write its header and tokens; the caller then writes each chunk's
+    :func:`quantize_rows` output, in order, and closes it."""
     try:
-        with open(path, "wb") as f:
-            f.write(MAGIC)
-            f.write(np.array([n_ctx, n_vocab, n_chunk], np.int32).tobytes())
-            f.write(np.asarray(tokens[: n_chunk * n_ctx], np.int32).tobytes())
-            for r in rows:
-                f.write(np.ascontiguousarray(r, np.uint16).tobytes())
+        f = open(path, "wb")  # noqa: SIM115 (returned to the caller, who closes it)
+        f.write(MAGIC)
+        f.write(np.array([n_ctx, n_vocab, n_chunk], np.int32).tobytes())
+        f.write(np.asarray(tokens[: n_chunk * n_ctx], np.int32).tobytes())
     except OSError as e:
         raise LlmedgeError(f"cannot write {path}: {e.strerror or e}") from None
+    return f
+
+
+def write_base(path: str | Path, n_ctx: int, n_vocab: int, tokens: list[int], rows: Iterable[np.ndarray],
+               n_chunk: int) -> None:
+    """Write a whole base file: ``rows`` yields each of the ``n_chunk`` chunks' saved rows."""
+    with open_base(path, n_ctx, n_vocab, n_chunk, tokens) as f:
+        for r in rows:
+            f.write(np.ascontiguousarray(r, np.uint16).tobytes())
 
 
 def read_base(path: str | Path) -> BaseLogits:

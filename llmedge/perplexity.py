@@ -79,9 +79,11 @@ def save_kld_base(model, text: str, path: str | Path, n_ctx: int = 512,
     """Perplexity of ``text`` while writing the model's log-probs to ``path`` for later
     :func:`kl_divergence` runs (llama-perplexity's ``--kl-divergence-base`` file)."""
     ids = text_ids(model, text, n_ctx)
-    rows: list[np.ndarray] = []
-    result = perplexity(model, text, n_ctx, on_chunk, keep=lambda r: rows.append(kld.quantize_rows(r)))
-    kld.write_base(path, n_ctx, model.tokenizer.n_vocab, ids, rows)
+    with kld.open_base(path, n_ctx, model.tokenizer.n_vocab, len(ids) // n_ctx, ids) as f:
+        try:  # rows are written as each chunk is scored: a large vocabulary never piles up in memory
+            result = perplexity(model, text, n_ctx, on_chunk, keep=lambda r: f.write(kld.quantize_rows(r).tobytes()))
+        except OSError as e:
+            raise LlmedgeError(f"cannot write {path}: {e.strerror or e}") from None
     return result
 
 

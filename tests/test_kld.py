@@ -70,7 +70,7 @@ def test_base_file_round_trips_in_llama_perplexity_layout(tiny) -> None:
     chunk = [m.tokenizer.bos_id] + ids[CTX + 1 : 2 * CTX]
     assert np.array_equal(base.rows[1], kld.quantize_rows(m.logits(chunk)[CTX // 2 : CTX - 1]))
     copy = tiny["dir"] / "copy.kld"
-    kld.write_base(copy, base.n_ctx, base.n_vocab, base.tokens.tolist(), list(base.rows))
+    kld.write_base(copy, base.n_ctx, base.n_vocab, base.tokens.tolist(), base.rows, base.n_chunk)
     assert copy.read_bytes() == raw
 
 
