@@ -40,24 +40,71 @@ def tokenize(
 
 def perplexity(
     model: ModelArg,
-    file: Annotated[Path, typer.Option("-f", "--file", help="The text file to score.")],
-    ctx: Annotated[int, typer.Option("--ctx", help="Tokens per chunk.")] = 512,
+    file: Annotated[Path | None, typer.Option("-f", "--file", help="The text file to score.")] = None,
+    ctx: Annotated[int, typer.Option("--ctx", help="Tokens per chunk (--kl-divergence takes the base file's).")] = 512,
+    kld_base: Annotated[Path | None, typer.Option(
+        "--kl-divergence-base", help="Save the log-probs to this file (with -f), or read them (with --kl-divergence).",
+    )] = None,
+    kl_div: Annotated[bool, typer.Option(
+        "--kl-divergence", help="Compare with the log-probs saved in --kl-divergence-base (llama-perplexity's file).",
+    )] = False,
+    kv_type: Annotated[str, typer.Option("--kv-type", help="KV cache cells: f16, f32 or q8_0.")] = "f16",
     threads: Threads = None,
     backend: BackendOpt = "auto",
 ) -> None:
-    """Perplexity of a text file, computed as llama-perplexity does."""
-    from llmedge.api import load
+    """Perplexity of a text file, computed as llama-perplexity does; or the KL divergence from a base model."""
     from llmedge.errors import LlmedgeError
-    from llmedge.perplexity import perplexity as compute
+
+    text = _read_text(file) if file is not None else None
+    if kl_div:
+        if kld_base is None:
+            raise LlmedgeError("--kl-divergence needs --kl-divergence-base FILE (made by the base model)")
+        return _kl_divergence(model, kld_base, text, kv_type, threads, backend)
+    if text is None:
+        raise LlmedgeError("perplexity needs a text: -f FILE")
+    _perplexity(model, text, ctx, kld_base, kv_type, threads, backend)
+
+
+def _read_text(file: Path) -> str:
+    from llmedge.errors import LlmedgeError
 
     try:
-        text = file.read_text(encoding="utf-8")
+        return file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise LlmedgeError(f"cannot read {file}: {e}") from None
-    m = load(model, backend=backend, n_ctx=ctx, n_threads=threads)
+
+
+def _perplexity(model: str, text: str, ctx: int, save: Path | None, kv_type: str,
+                threads: int | None, backend: str) -> None:
+    from llmedge.api import load
+    from llmedge.perplexity import perplexity as compute
+    from llmedge.perplexity import save_kld_base
+
+    m = load(model, backend=backend, n_ctx=ctx, n_threads=threads, kv_type=kv_type)
 
     def report(i: int, n: int, ppl: float) -> None:
         sys.stderr.write(f"[{i}/{n}] {ppl:.4f}\n")
 
-    r = compute(m, text, ctx, on_chunk=report)
+    r = compute(m, text, ctx, on_chunk=report) if save is None else save_kld_base(m, text, save, ctx, report)
     typer.echo(f"Final estimate: PPL = {r.ppl:.4f} ({r.n_chunks} chunks of {ctx}, {r.n_scored} tokens scored)")
+    if save is not None:
+        typer.echo(f"saved the log-probs of {r.n_chunks} chunks to {save}")
+
+
+def _kl_divergence(model: str, base_file: Path, text: str | None, kv_type: str,
+                   threads: int | None, backend: str) -> None:
+    from llmedge import kld
+    from llmedge.api import load
+    from llmedge.perplexity import kl_divergence
+
+    base = kld.read_base(base_file)  # first: its n_ctx sizes the context
+    m = load(model, backend=backend, n_ctx=base.n_ctx, n_threads=threads, kv_type=kv_type)
+
+    def report(i: int, sums: kld.KldSums) -> None:
+        if i == 1:  # after the base file has passed its checks
+            typer.echo(kld.TABLE_HEADER)
+        typer.echo(kld.chunk_line(i, sums))
+
+    sums = kl_divergence(m, base, text, on_chunk=report)
+    typer.echo("")
+    typer.echo(kld.report(kld.statistics(sums)))

@@ -2,7 +2,10 @@
 
 The whole text is tokenized with the model's default BOS rule and cut into chunks of ``n_ctx``
 tokens; each chunk is evaluated in a fresh context with its first token replaced by BOS when the
-model adds one, and only the second half of each chunk is scored.
+model adds one, and only the second half of each chunk is scored. The same chunks feed the KL
+divergence runs: :func:`save_kld_base` stores the base model's log-probs (llama-perplexity's
+``--kl-divergence-base`` file) and :func:`kl_divergence` scores another model against them (the file
+layout and the statistics live in :mod:`llmedge.kld`).
 """
 
 from __future__ import annotations
@@ -10,9 +13,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
+from llmedge import kld
 from llmedge.errors import LlmedgeError
 
 
@@ -25,21 +30,38 @@ class PerplexityResult:
     chunk_ppls: list[float]
 
 
-def perplexity(model, text: str, n_ctx: int = 512,
-               on_chunk: Callable[[int, int, float], None] | None = None) -> PerplexityResult:
-    """Perplexity of ``text`` under ``model`` (an :class:`llmedge.api.Model`)."""
-    tok = model.tokenizer
-    ids = tok.encode(text, add_bos=True, special=False)
-    n_chunks = len(ids) // n_ctx
-    if n_chunks == 0:
+def text_ids(model, text: str, n_ctx: int) -> list[int]:
+    """The text's tokens, refusing a text shorter than one chunk."""
+    ids = model.tokenizer.encode(text, add_bos=True, special=False)
+    if len(ids) < n_ctx:
         raise LlmedgeError(f"the text has {len(ids)} tokens; at least {n_ctx} are needed for --ctx {n_ctx}")
+    return ids
+
+
+def scored_logits(model, chunk: list[int]) -> np.ndarray:
+    """float32 logits of a chunk's scored rows (``n_ctx // 2`` to ``n_ctx - 2``), its first token
+    replaced by BOS when the model adds one."""
+    tok, n_ctx = model.tokenizer, len(chunk)
+    if tok.add_bos and tok.bos_id is not None:
+        chunk = [tok.bos_id] + list(chunk[1:])
+    return model.logits(chunk)[n_ctx // 2 : n_ctx - 1]
+
+
+def perplexity(model, text: str, n_ctx: int = 512,
+               on_chunk: Callable[[int, int, float], None] | None = None,
+               keep: Callable[[np.ndarray], None] | None = None) -> PerplexityResult:
+    """Perplexity of ``text`` under ``model`` (an :class:`llmedge.api.Model`); ``keep`` receives each
+    chunk's scored float32 logits."""
+    ids = text_ids(model, text, n_ctx)
+    n_chunks = len(ids) // n_ctx
     first = n_ctx // 2
     nll, count, chunk_ppls = 0.0, 0, []
     for c in range(n_chunks):
         chunk = ids[c * n_ctx : (c + 1) * n_ctx]
-        if tok.add_bos and tok.bos_id is not None:
-            chunk = [tok.bos_id] + chunk[1:]
-        logits = model.logits(chunk)[first : n_ctx - 1].astype(np.float64)
+        rows = scored_logits(model, chunk)
+        if keep:
+            keep(rows)
+        logits = rows.astype(np.float64)
         targets = np.asarray(chunk[first + 1 : n_ctx])
         m = logits.max(axis=1)
         logz = m + np.log(np.exp(logits - m[:, None]).sum(axis=1))
@@ -50,3 +72,46 @@ def perplexity(model, text: str, n_ctx: int = 512,
         if on_chunk:
             on_chunk(c + 1, n_chunks, math.exp(nll / count))
     return PerplexityResult(math.exp(nll / count), n_chunks, len(ids), count, chunk_ppls)
+
+
+def save_kld_base(model, text: str, path: str | Path, n_ctx: int = 512,
+                  on_chunk: Callable[[int, int, float], None] | None = None) -> PerplexityResult:
+    """Perplexity of ``text`` while writing the model's log-probs to ``path`` for later
+    :func:`kl_divergence` runs (llama-perplexity's ``--kl-divergence-base`` file)."""
+    ids = text_ids(model, text, n_ctx)
+    with kld.open_base(path, n_ctx, model.tokenizer.n_vocab, len(ids) // n_ctx, ids) as f:
+        try:  # rows are written as each chunk is scored: a large vocabulary never piles up in memory
+            result = perplexity(model, text, n_ctx, on_chunk, keep=lambda r: f.write(kld.quantize_rows(r).tobytes()))
+        except OSError as e:
+            raise LlmedgeError(f"cannot write {path}: {e.strerror or e}") from None
+    return result
+
+
+def check_base(model, base: kld.BaseLogits, text: str | None = None) -> None:
+    """Refuse a base file made with another vocabulary, or from another text than ``text``."""
+    n_vocab = model.tokenizer.n_vocab
+    if base.n_vocab != n_vocab:
+        raise LlmedgeError(f"{base.path} was made with a vocabulary of {base.n_vocab} tokens; "
+                           f"this model has {n_vocab}")
+    if base.tokens.size and (base.tokens.min() < 0 or base.tokens.max() >= n_vocab):
+        raise LlmedgeError(f"{base.path} holds token ids outside this model's vocabulary")
+    if text is not None:
+        ids = np.asarray(model.tokenizer.encode(text, add_bos=True, special=False)[: base.tokens.size])
+        same = np.flatnonzero(ids != base.tokens[: ids.size]) if ids.size <= base.tokens.size else []
+        if ids.size < base.tokens.size or len(same):
+            at = int(same[0]) if len(same) else int(ids.size)
+            raise LlmedgeError(f"{base.path} was made from other tokens than this text gives "
+                               f"(they differ from token {at}); make the base file again")
+
+
+def kl_divergence(model, base: str | Path | kld.BaseLogits, text: str | None = None,
+                  on_chunk: Callable[[int, kld.KldSums], None] | None = None) -> kld.KldSums:
+    """Compare ``model`` with the base log-probs saved by :func:`save_kld_base`, over the file's own
+    tokens (checked against ``text`` when given); :func:`llmedge.kld.statistics` turns the sums into
+    llama-perplexity's figures."""
+    if not isinstance(base, kld.BaseLogits):
+        base = kld.read_base(base)
+    check_base(model, base, text)
+    if model.n_ctx < base.n_ctx:
+        raise LlmedgeError(f"{base.path} was made with --ctx {base.n_ctx}; this model's context is {model.n_ctx}")
+    return kld.compare(base, lambda chunk: scored_logits(model, chunk), on_chunk)
