@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from backend_checks import assert_attention_matches_reference
 from conftest import skip_or_fail
 from llmedge.backends import choose_backend, make_backend, native_status
 from llmedge.backends.numba_cpu import _X86_AVX2, FAST_ROWS, NumbaBackend, NumbaWeight
@@ -354,23 +355,8 @@ def test_rope_matches_reference(be: NumbaBackend, neox: bool) -> None:
 
 @pytest.mark.parametrize("kv_dtype", [np.float16, np.float32], ids=["f16", "f32"])
 def test_attention_masks_gqa_softcap(be: NumbaBackend, kv_dtype) -> None:
-    rng = np.random.default_rng(3)
-    t, n_kv, d = 40, 2, 64
-    k = rng.standard_normal((t, n_kv, d)).astype(kv_dtype)
-    v = rng.standard_normal((t, n_kv, d)).astype(kv_dtype)
-    k_pos = np.arange(t, dtype=np.int32)
-    k_pos[5] = -1  # an empty cell
-    ref_be = NumpyBackend()
-    for n, window, softcap in ((1, None, None), (6, None, None), (6, 9, None), (1, 7, 50.0), (4, None, 30.0)):
-        q = rng.standard_normal((n, 6, d)).astype(np.float32)
-        q_pos = np.arange(t - n, t, dtype=np.int32)
-        out = be.attention(q, k, v, q_pos, k_pos, 0.125, window, softcap)
-        ref = ref_be.attention(q, k, v, q_pos, k_pos, 0.125, window, softcap)
-        # one f16 ulp of each probability (the rounding ggml applies) moves the output this much
-        bound = 2e-5 + (2.0**-10 * np.abs(v.astype(np.float32)).max() if kv_dtype == np.float16 else 0)
-        assert np.all(np.abs(out - ref) <= bound), (n, window, softcap)
-    empty = be.attention(q, k, v, np.full(4, -5, np.int32), k_pos, 0.125)
-    assert np.array_equal(empty, np.zeros_like(empty))
+    # one f16 ulp of each probability (the rounding ggml applies)
+    assert_attention_matches_reference(be, kv_dtype, f16_prob_ulps=1)
 
 
 @pytest.mark.parametrize("kind", ["silu", "gelu"])

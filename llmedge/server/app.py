@@ -490,30 +490,8 @@ class Server:
             return {"status": "success"}
 
         insecure = self.flag(body, "insecure", False)
-        job = self.in_thread(work)
-        if not stream:
-            _, result = await self.collect(request, job)
-            return JSONResponse(result)
-        kind, payload = await self.wait(request, job)
-        if kind == "error":
-            raise payload
-        path = request.url.path
-
-        async def lines() -> AsyncIterator[bytes]:
-            k, p = kind, payload
-            while True:
-                if k == "item":
-                    if p.get("status") != "success":
-                        yield _ndjson(p)
-                elif k == "done":
-                    yield _ndjson(p)
-                    return
-                else:
-                    yield _ndjson(_error_payload(self, path, p))
-                    return
-                k, p = await job.next()
-
-        return StreamingResponse(lines(), media_type="application/x-ndjson")
+        return await self.status_stream(request, self.in_thread(work), stream,
+                                        keep=lambda event: event.get("status") != "success")
 
     async def delete(self, request: Request) -> Response:
         from llmedge.store import Store, normalize_name
@@ -561,7 +539,12 @@ class Server:
                 self.sched._unload(normalize_name(body.get("model", body.get("name"))))
             return {"status": "success"}
 
-        job = self.in_thread(work)
+        return await self.status_stream(request, self.in_thread(work), stream)
+
+    async def status_stream(self, request: Request, job: Job, stream: bool,
+                            keep: Callable[[dict[str, Any]], bool] = lambda event: True) -> Response:
+        """A model-management job's answer: its result as one JSON object, or its status events
+        (those ``keep`` accepts) as NDJSON ending in the result or an error line (pull, create)."""
         if not stream:
             _, result = await self.collect(request, job)
             return JSONResponse(result)
@@ -574,7 +557,8 @@ class Server:
             k, p = kind, payload
             while True:
                 if k == "item":
-                    yield _ndjson(p)
+                    if keep(p):
+                        yield _ndjson(p)
                 elif k == "done":
                     yield _ndjson(p)
                     return
