@@ -47,6 +47,17 @@ def scored_logits(model, chunk: list[int]) -> np.ndarray:
     return model.logits(chunk)[n_ctx // 2 : n_ctx - 1]
 
 
+def log_normalizers(logits: np.ndarray, rows_per_block: int = 32) -> np.ndarray:
+    """log(sum(exp(row))) of each row, in float64, a block of rows at a time (no float64 copy of a
+    whole 262k-vocabulary chunk)."""
+    out = np.empty(len(logits), dtype=np.float64)
+    for s in range(0, len(logits), rows_per_block):
+        block = logits[s : s + rows_per_block].astype(np.float64)
+        m = block.max(axis=1)
+        out[s : s + rows_per_block] = m + np.log(np.exp(block - m[:, None]).sum(axis=1))
+    return out
+
+
 def perplexity(model, text: str, n_ctx: int = 512,
                on_chunk: Callable[[int, int, float], None] | None = None,
                keep: Callable[[np.ndarray], None] | None = None) -> PerplexityResult:
@@ -61,11 +72,8 @@ def perplexity(model, text: str, n_ctx: int = 512,
         rows = scored_logits(model, chunk)
         if keep:
             keep(rows)
-        logits = rows.astype(np.float64)
         targets = np.asarray(chunk[first + 1 : n_ctx])
-        m = logits.max(axis=1)
-        logz = m + np.log(np.exp(logits - m[:, None]).sum(axis=1))
-        chunk_nll = float(np.sum(logz - logits[np.arange(len(targets)), targets]))
+        chunk_nll = float(np.sum(log_normalizers(rows) - rows[np.arange(len(targets)), targets]))
         nll += chunk_nll
         count += len(targets)
         chunk_ppls.append(math.exp(chunk_nll / len(targets)))

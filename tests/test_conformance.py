@@ -30,10 +30,10 @@ MODELS = ["smollm2", "gemma3"]
 BACKENDS = ["native", "numba", "numpy"]
 
 
-# Loaded models shared by the tests below, the two most recently used kept: the reference backend
-# holds a float32 copy of every weight (1.1 GB for Gemma), so keeping all six would double the peak.
+# Loaded models shared by the tests below, only the one in use kept: the reference backend holds a
+# float32 copy of every weight (1.1 GB for Gemma), and reloading a native model is a cheap mmap.
 _LOADED: OrderedDict[tuple[str, str], llmedge.Model] = OrderedDict()
-_KEEP = 2
+_KEEP = 1
 
 
 def _model(paths: dict[str, Path], name: str, backend: str) -> llmedge.Model:
