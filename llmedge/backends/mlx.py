@@ -137,16 +137,19 @@ class MlxBackend:
         self.device = device_name()
         self.isa = f"device {self.device} (mlx {mx.__version__})"  # what bench reports
         self.fallback = {**REQUANTIZED, **(fallback or {})}
-        self._prepared: dict[tuple[int, int, int], MlxWeight] = {}
+        self._prepared: dict[tuple[Any, ...], tuple[Any, MlxWeight]] = {}
 
     # -- weights -----------------------------------------------------------------------------------
     def prepare(self, tensor: TensorInfo) -> MlxWeight | mx.array:
         if len(tensor.dims) == 1:
             return mx.array(dequantize(tensor.data, tensor.ggml_type, tensor.shape))
-        key = (id(tensor._buffer), tensor.offset, tensor.ggml_type)
-        if key not in self._prepared:  # tied embeddings/output share one conversion
-            self._prepared[key] = self._convert(tensor)
-        return self._prepared[key]
+        # tied embeddings/output share one conversion; the entry keeps its buffer, so an id reused
+        # by a later buffer (after this one is freed) can never return a stale weight
+        key = (id(tensor._buffer), tensor.offset, tensor.ggml_type, tuple(tensor.dims))
+        hit = self._prepared.get(key)
+        if hit is None or hit[0] is not tensor._buffer:
+            hit = self._prepared[key] = (tensor._buffer, self._convert(tensor))
+        return hit[1]
 
     def _convert(self, tensor: TensorInfo) -> MlxWeight:
         k = tensor.dims[0]
@@ -162,7 +165,7 @@ class MlxBackend:
 
     def weight_report(self) -> dict[str, str]:
         """Per prepared tensor name, what it became (``llmedge show``)."""
-        return {w.name: w.became for w in self._prepared.values()}
+        return {w.name: w.became for _, w in self._prepared.values()}
 
     # -- the protocol's ops (NumPy in, NumPy out) ---------------------------------------------------
     def matmul(self, x: np.ndarray, w: MlxWeight) -> np.ndarray:
