@@ -6,6 +6,8 @@ A failed pull fails the tests that need the model: nothing here skips.
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import json
 import os
 from pathlib import Path
@@ -69,3 +71,19 @@ def pytest_runtest_teardown(item, nextitem) -> None:
         rss, peak = _rss_kb()
         with open(out, "a", encoding="utf-8") as f:
             f.write(f"{item.nodeid}\t{rss}\t{peak}\n")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _free_module_caches(request: pytest.FixtureRequest):
+    """After each test module: empty its cache of loaded models (a module-level ``_LOADED``), collect
+    garbage and hand freed heap back to the OS, so one module's models never add to the next one's
+    peak memory (the suite's budget is 4 GB)."""
+    yield
+    cache = getattr(request.module, "_LOADED", None)
+    if hasattr(cache, "clear"):
+        cache.clear()
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
