@@ -158,11 +158,10 @@ def test_cli_run_prints_llamacpp_greedy_text(name: str, model_paths: dict[str, P
     assert r.stdout.startswith(tok.decode(g["tokens"][:n]))
 
 
-# Gemma's 12 chunks through a 262k-vocabulary output on the float reference take minutes on 2 cores;
-# its logits are checked on every backend above, and the same model code runs this on native.
-# ("smollm2", "numba") passes too (its products and ops are llama.cpp's bit for bit) but its prompt
-# kernels make it a multi-minute case on 2 cores; it is left out to keep the suite short.
-PERPLEXITY_CASES = [("smollm2", "native"), ("gemma3", "native"), ("smollm2", "numpy")]
+# Perplexity runs on native (what users get) for both models. The float reference's logits are
+# checked above on 2,110 positions of both models; its perplexity over 6,144 tokens took 100 s in
+# float64 on 2 cores (the suite's budget is 15 minutes), and numba's is a multi-minute case too.
+PERPLEXITY_CASES = [("smollm2", "native"), ("gemma3", "native")]
 
 
 @pytest.mark.parametrize(("name", "backend"), PERPLEXITY_CASES, ids=lambda v: v)
