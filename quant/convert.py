@@ -37,6 +37,7 @@ OUTTYPES: dict[str, Any] = {"f32": FT.ALL_F32, "f16": FT.MOSTLY_F16, "bf16": FT.
                             "q8_0": FT.MOSTLY_Q8_0, "auto": None}
 _QTYPE = {FT.ALL_F32: T.F32, FT.MOSTLY_F16: T.F16, FT.MOSTLY_BF16: T.BF16, FT.MOSTLY_Q8_0: T.Q8_0}
 _ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64}
+CHUNK_BYTES = 32 << 20  # float32 bytes converted at a time: a larger tensor is streamed in row ranges
 
 
 class ConvertError(ValueError):
@@ -57,15 +58,26 @@ class SourceTensor:
     offset: int
     nbytes: int
 
-    def load(self) -> np.ndarray:
-        """The tensor as float32 (a fresh array; the file is memory-mapped, never read whole)."""
-        if self.nbytes == 0:
-            return np.zeros(self.shape, np.float32)
-        raw = np.memmap(self.path, mode="r", dtype=_ST_DTYPES[self.dtype], offset=self.offset,
-                        shape=self.shape)
+    def load(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Rows ``start:stop`` of the tensor as float32 (a fresh array; only those bytes are mapped)."""
+        if not self.shape:
+            start, stop, shape = 0, 1, ()
+        else:
+            stop = self.shape[0] if stop is None else stop
+            shape = (stop - start, *self.shape[1:])
+        n = math.prod(shape)
+        if n == 0:
+            return np.zeros(shape, np.float32)
+        item = np.dtype(_ST_DTYPES[self.dtype]).itemsize
+        row = math.prod(self.shape[1:]) if self.shape else 1
+        raw = np.memmap(self.path, mode="r", dtype=_ST_DTYPES[self.dtype], offset=self.offset + start * row * item,
+                        shape=shape)
         if self.dtype == "BF16":
-            return (raw.astype(np.uint32) << 16).view(np.float32)
-        return np.array(raw, dtype=np.float32)
+            out = (raw.astype(np.uint32) << 16).view(np.float32)
+        else:
+            out = np.array(raw, dtype=np.float32)
+        del raw  # unmapped now: the resident pages of this tensor go with it
+        return out
 
 
 def read_safetensors_header(path: Path) -> list[SourceTensor]:
@@ -285,11 +297,41 @@ def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 @dataclass
 class _Out:
+    """One output tensor: its GGUF name, shape and type, and how to make rows ``start:stop`` of it."""
+
     name: str
     src: SourceTensor | None
     shape: tuple[int, ...]
     qtype: Any
-    make: Callable[[], np.ndarray]
+    make: Callable[[int, int], np.ndarray]
+    group: int = 1  # chunks start at multiples of this many rows (a head's rows, for the permutation)
+
+    def chunks(self, budget: int | None = None) -> Iterator[tuple[int, int]]:
+        """Row ranges of about ``budget`` (default CHUNK_BYTES) float32 bytes each."""
+        budget = CHUNK_BYTES if budget is None else budget
+        rows = self.shape[0] if self.shape else 1
+        row_bytes = 4 * (math.prod(self.shape[1:]) if self.shape else 1)
+        step = max(self.group, budget // max(row_bytes, 1) // self.group * self.group)
+        for start in range(0, rows, step):
+            yield start, min(rows, start + step)
+
+
+class _Streamed:
+    """What GGUFWriter.write_tensor_data needs of a tensor (``nbytes``, ``tofile``), made chunk by chunk."""
+
+    def __init__(self, out: _Out) -> None:
+        self.out = out
+        self.nbytes = _nbytes(out.shape, out.qtype)
+
+    def tofile(self, fout: Any) -> None:
+        written = 0
+        for start, stop in self.out.chunks():
+            data = _encode(self.out.make(start, stop), self.out.qtype)
+            fout.write(data.tobytes())
+            written += data.nbytes
+            del data
+        if written != self.nbytes:
+            raise ConvertError(f"{self.out.name}: wrote {written} bytes, expected {self.nbytes}")
 
 
 def _load_config(folder: Path) -> dict[str, Any]:
@@ -362,7 +404,7 @@ def _plan(folder: Path, hp: dict[str, Any], fam: Family, ftype: Any, vocab: Voca
     if fam.arch in (A.LLAMA, A.GRANITE) and _rope_type(hp) == "llama3":
         factors = _llama3_rope_factors(hp)
         outs.append(_Out(gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight", None, factors.shape, T.F32,
-                         lambda f=factors: f))
+                         lambda start, stop, f=factors: f[start:stop]))
     for t in source_tensors(folder):
         name = t.name
         if name.endswith((".attention.masked_bias", ".attention.bias", ".rotary_emb.inv_freq")):
@@ -383,19 +425,24 @@ def _plan(folder: Path, hp: dict[str, Any], fam: Family, ftype: Any, vocab: Voca
         if fam.trim_embd and "embed_tokens.weight" in name:
             shape = (min(shape[0], len(vocab.tokens)), *shape[1:])
 
-        def make(t: SourceTensor = t, name: str = name, shape: tuple[int, ...] = shape) -> np.ndarray:
-            x = t.load()
-            if fam.permute_qk and name.endswith(("q_proj.weight", "q_proj.bias")):
-                x = permute(x, n_head)
-            elif fam.permute_qk and name.endswith(("k_proj.weight", "k_proj.bias")):
-                x = permute(x, n_kv if n_kv is not None else n_head)
-            if shape != t.shape:
-                x = x[: shape[0]]
-            if fam.norm_plus_one and name.endswith("norm.weight"):
+        heads = None
+        if fam.permute_qk and name.endswith(("q_proj.weight", "q_proj.bias")):
+            heads = n_head
+        elif fam.permute_qk and name.endswith(("k_proj.weight", "k_proj.bias")):
+            heads = n_kv if n_kv is not None else n_head
+        plus_one = fam.norm_plus_one and name.endswith("norm.weight")
+
+        def make(start: int, stop: int, t: SourceTensor = t, heads: int | None = heads,
+                 plus_one: bool = plus_one) -> np.ndarray:
+            x = t.load(start, stop) if t.shape else t.load()
+            if heads is not None:  # chunks hold whole heads (see _chunks), so each permutes alone
+                x = permute(x, heads * (stop - start) // t.shape[0])
+            if plus_one:
                 x = x + np.float32(1)
             return x
 
-        outs.append(_Out(new, t, shape, _out_type(new, len(shape), ftype, shape[-1] if shape else 1), make))
+        group = shape[0] // heads if heads else 1
+        outs.append(_Out(new, t, shape, _out_type(new, len(shape), ftype, shape[-1] if shape else 1), make, group))
     return outs
 
 
@@ -502,9 +549,7 @@ def convert(folder: Path, out: Path, outtype: str = "auto", model_name: str | No
         for i, o in enumerate(plan):
             if progress is not None:
                 progress(i, len(plan), o.name, o.qtype)
-            data = _encode(o.make(), o.qtype)
-            w.write_tensor_data(data)
-            del data
+            w.write_tensor_data(_Streamed(o))  # type: ignore[arg-type]
         w.close()
         tmp.replace(out)
     finally:

@@ -195,7 +195,21 @@ def test_converting_streams_tensors_and_peaks_below_the_f32_size(tmp_path: Path,
                           str(folder), "-o", str(tmp_path / "s.gguf"), "--outtype", "f16", "-q"],
                          capture_output=True, text=True, check=True, timeout=300)
     peak = int(out.stdout) * 1024
-    assert peak < 0.75 * f32_size, (peak, f32_size)
+    assert peak < 0.4 * f32_size, (peak, f32_size)  # measured: 145 MB of 538 MB; holding the model is > 538
+
+
+def test_a_tensor_larger_than_the_budget_is_streamed_in_row_ranges(folders: dict[str, Path], tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import llmedge.quant.convert as cv
+
+    whole = convert(folders["llama"], tmp_path / "whole.gguf", "q8_0").path.read_bytes()
+    calls: list[tuple[int, int]] = []
+    chunks = cv._Out.chunks
+    monkeypatch.setattr(cv, "CHUNK_BYTES", 1024)  # 4 rows of 64 floats: every matrix in many pieces
+    monkeypatch.setattr(cv._Out, "chunks", lambda self, budget=None: calls.extend(c := list(chunks(self))) or iter(c))
+    streamed = convert(folders["llama"], tmp_path / "streamed.gguf", "q8_0").path.read_bytes()
+    assert streamed == whole  # the permutation works per head, the quantizer per row
+    assert len(calls) > 10 * len(GGUFFile(tmp_path / "whole.gguf").tensors)
 
 
 def test_the_cli_converts_a_folder_and_draws_a_line_per_tensor(folders: dict[str, Path], tmp_path: Path) -> None:
