@@ -576,10 +576,3 @@ def _write_metadata(w: gguf.GGUFWriter, folder: Path, hp: dict[str, Any], fam: F
         fam.after_ftype(hp, w)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
-
-def iter_plan_names(folder: Path) -> Iterator[str]:
-    """The GGUF tensor names a conversion of ``folder`` would write (for inspection and tests)."""
-    hp = _load_config(folder)
-    _, fam = family_of(hp)
-    for o in _plan(folder, hp, fam, FT.ALL_F32, load_vocab(folder, hp, fam)):
-        yield o.name

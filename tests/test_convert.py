@@ -132,6 +132,39 @@ def test_metadata_is_what_llamacpps_converter_writes(converted: dict[str, Path])
     assert GGUFFile(converted["phi3"]).metadata["phi3.attention.sliding_window"] == 0
 
 
+def test_a_llama_with_a_sentencepiece_model_gets_the_llama_vocabulary(folders: dict[str, Path], tmp_path: Path) -> None:
+    import shutil
+
+    d = shutil.copytree(folders["llama"], tmp_path / "llama2")
+    (d / "tokenizer.json").unlink()
+    (d / "tokenizer.model").write_bytes(hf.spm_model(hf.N_VOCAB, llama_style=True)[0])
+    (d / "tokenizer_config.json").write_text(json.dumps({"add_bos_token": True, "chat_template": hf.TEMPLATE}))
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "bos_token_id": 1, "eos_token_id": 2}))
+    g = GGUFFile(convert(d, tmp_path / "l2.gguf", "f32").path)
+    m = g.metadata
+    assert (m["tokenizer.ggml.model"], m["tokenizer.ggml.pre"]) == ("llama", "default")
+    assert list(m["tokenizer.ggml.tokens"][:4]) == ["<unk>", "<s>", "</s>", "<0x00>"]
+    assert list(m["tokenizer.ggml.token_type"][:4]) == [2, 3, 3, 6] and m["tokenizer.ggml.scores"][270] == -12.0  # piece 270 is word 11
+    assert m["tokenizer.ggml.add_bos_token"] is True and m["tokenizer.ggml.bos_token_id"] == 1
+    assert _rel(_logits(g.path), _reference("llama")) < 2e-4
+
+
+def test_chat_template_jinja_and_generation_config_are_read(folders: dict[str, Path], tmp_path: Path) -> None:
+    import shutil
+
+    d = shutil.copytree(folders["qwen3"], tmp_path / "Qwen3-Tiny-Instruct")
+    tc = json.loads((d / "tokenizer_config.json").read_text())
+    del tc["chat_template"]
+    (d / "tokenizer_config.json").write_text(json.dumps(tc))
+    (d / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
+    (d / "generation_config.json").write_text(json.dumps({"temperature": 0.6, "top_k": 20, "top_p": 0.95}))
+    m = GGUFFile(convert(d, tmp_path / "q.gguf", "f32").path).metadata
+    assert m["tokenizer.chat_template"] == "{{ messages[0]['content'] }}"
+    assert m["general.sampling.top_k"] == 20 and m["general.sampling.temp"] == pytest.approx(0.6)
+    assert m["general.name"] == "Qwen3 Tiny Instruct" and m["general.finetune"] == "Instruct"
+
+
 def test_outtypes_follow_llamacpps_rules(folders: dict[str, Path], tmp_path: Path) -> None:
     auto_f32 = GGUFFile(convert(folders["llama"], tmp_path / "a.gguf", "auto").path)
     assert auto_f32.metadata["general.file_type"] == gguf.LlamaFileType.MOSTLY_F16
