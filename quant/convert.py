@@ -228,8 +228,6 @@ def _gemma3_params(hp: dict[str, Any], w: gguf.GGUFWriter) -> None:
 
 
 def _phi3_params(hp: dict[str, Any], w: gguf.GGUFWriter) -> None:
-    if hp.get("rope_scaling") is not None:
-        raise ConvertError("phi3 with rope_scaling (LongRoPE / YaRN factors) is not converted yet")
     n_embd, n_head = hp["hidden_size"], hp["num_attention_heads"]
     w.add_context_length(hp.get("n_positions", hp.get("max_position_embeddings")))
     w.add_rope_scaling_orig_ctx_len(hp["original_max_position_embeddings"])
@@ -396,15 +394,42 @@ def _out_type(name: str, n_dims: int, ftype: Any, row: int) -> Any:
     return qt
 
 
-def _plan(folder: Path, hp: dict[str, Any], fam: Family, ftype: Any, vocab: Vocab) -> list[_Out]:
+def _phi3_longrope(hp: dict[str, Any]) -> tuple[float, np.ndarray, np.ndarray]:
+    """Phi3MiniModel.generate_extra_tensors: (attention factor, long factors, short factors)."""
+    rs = hp["rope_scaling"]
+    kind = str(rs.get("rope_type", rs.get("type", ""))).lower()
+    if kind not in ("su", "longrope"):
+        raise ConvertError(f"phi3 rope_scaling {kind or 'without a type'!r} is not supported (only longrope)")
+    n_ctx = hp.get("n_positions", hp.get("max_position_embeddings"))
+    orig = hp["original_max_position_embeddings"]
+    scale = n_ctx / orig
+    attn = math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1.0 else 1.0
+    dims = int(hp.get("partial_rotary_factor", 1.0) * hp["hidden_size"]) // hp["num_attention_heads"]
+    long, short = rs.get("long_factor"), rs.get("short_factor")
+    if long is None or short is None or len(long) != len(short) or len(long) != dims / 2:
+        raise ConvertError(f"phi3 rope_scaling needs long_factor and short_factor of {dims // 2} values each")
+    return attn, np.asarray(long, np.float32), np.asarray(short, np.float32)
+
+
+def _extra_tensor(kind: Any, values: np.ndarray) -> _Out:
+    return _Out(gguf.TENSOR_NAMES[kind] + ".weight", None, values.shape, T.F32, lambda a, b, v=values: v[a:b])
+
+
+def _plan(folder: Path, hp: dict[str, Any], fam: Family, ftype: Any, vocab: Vocab,
+          early: list[Callable[[gguf.GGUFWriter], None]]) -> list[_Out]:
+    """The output tensors in llama.cpp's order (generated ones first); ``early`` gets the metadata that
+    llama.cpp's converter adds while generating them (before general.*)."""
     n_layer = hp["num_hidden_layers"]
     tmap = gguf.get_tensor_name_map(fam.arch, n_layer)
     n_head, n_kv = hp.get("num_attention_heads"), hp.get("num_key_value_heads")
     outs: list[_Out] = []
     if fam.arch in (A.LLAMA, A.GRANITE) and _rope_type(hp) == "llama3":
-        factors = _llama3_rope_factors(hp)
-        outs.append(_Out(gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight", None, factors.shape, T.F32,
-                         lambda start, stop, f=factors: f[start:stop]))
+        outs.append(_extra_tensor(gguf.MODEL_TENSOR.ROPE_FREQS, _llama3_rope_factors(hp)))
+    if fam.arch == A.PHI3 and hp.get("rope_scaling") is not None:
+        attn, long, short = _phi3_longrope(hp)
+        early.append(lambda w: w.add_rope_scaling_attn_factors(attn))
+        outs += [_extra_tensor(gguf.MODEL_TENSOR.ROPE_FACTORS_LONG, long),
+                 _extra_tensor(gguf.MODEL_TENSOR.ROPE_FACTORS_SHORT, short)]
     for t in source_tensors(folder):
         name = t.name
         if name.endswith((".attention.masked_bias", ".attention.bias", ".rotary_emb.inv_freq")):
@@ -530,9 +555,12 @@ def convert(folder: Path, out: Path, outtype: str = "auto", model_name: str | No
         raise ConvertError(str(e)) from None
     tensors = source_tensors(folder)
     ftype = OUTTYPES[outtype] if OUTTYPES[outtype] is not None else _guess_ftype(tensors)
-    plan = _plan(folder, hp, fam, ftype, vocab)
+    early: list[Callable[[gguf.GGUFWriter], None]] = []
+    plan = _plan(folder, hp, fam, ftype, vocab, early)
 
     w = gguf.GGUFWriter(path=None, arch=gguf.MODEL_ARCH_NAMES[fam.arch])
+    for add in early:
+        add(w)
     for o in plan:
         w.add_tensor_info(o.name, o.shape, np.dtype(np.float32), _nbytes(o.shape, o.qtype), raw_dtype=o.qtype)
     _write_metadata(w, folder, hp, fam, ftype, model_name)

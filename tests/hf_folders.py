@@ -233,6 +233,11 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "phi3": {"arch": "Phi3ForCausalLM", "tok": "spm-llama", "fused": True, "cfg": {
         "rope_theta": 10000.0, "original_max_position_embeddings": 256, "sliding_window": None,
         "tie_word_embeddings": False, "rope_scaling": None}},
+    "phi3_longrope": {"arch": "Phi3ForCausalLM", "tok": "spm-llama", "fused": True, "cfg": {
+        "rope_theta": 10000.0, "max_position_embeddings": 1024, "original_max_position_embeddings": 256,
+        "sliding_window": None, "tie_word_embeddings": False,
+        "rope_scaling": {"type": "longrope", "long_factor": [1.0, 1.5, 2.0, 3.0, 5.0, 8.0, 12.0, 16.0],
+                         "short_factor": [1.0, 1.1, 1.3, 1.7, 2.2, 3.0, 4.0, 6.0]}}},
 }
 N_VOCAB = 320
 
@@ -277,7 +282,7 @@ def tiny_weights(family: str, seed: int = 0) -> dict[str, np.ndarray]:
             t[p + "pre_feedforward_layernorm.weight"] = norm(HIDDEN)
             t[p + "post_feedforward_layernorm.weight"] = norm(HIDDEN)
     t["model.norm.weight"] = norm(HIDDEN)
-    if not f["cfg"].get("tie_word_embeddings", True) or family == "phi3":
+    if not f["cfg"].get("tie_word_embeddings", True):
         t["lm_head.weight"] = w(N_VOCAB, HIDDEN, std=0.3)
     if f.get("dtype") == "BF16":
         t = {k: bf16_values(v) for k, v in t.items()}
@@ -382,7 +387,13 @@ def hf_forward(family: str, cfg: dict[str, Any], t: dict[str, np.ndarray], ids: 
         x = x * math.sqrt(cfg["hidden_size"])
     x = x * cfg.get("embedding_multiplier", 1.0)
     scale = cfg.get("attention_multiplier") or cfg.get("query_pre_attn_scalar", hd) ** -0.5
-    divs = _llama3_divisors(cfg, hd) if (cfg.get("rope_scaling") or {}).get("rope_type") == "llama3" else None
+    rs = cfg.get("rope_scaling") or {}
+    divs = _llama3_divisors(cfg, hd) if rs.get("rope_type") == "llama3" else None
+    mscale = 1.0
+    if rs.get("type") == "longrope":  # transformers' Phi-3: short factors up to the original context
+        orig = cfg["original_max_position_embeddings"]
+        divs = np.asarray(rs["long_factor"] if n > orig else rs["short_factor"], np.float64)
+        mscale = math.sqrt(1 + math.log(cfg["max_position_embeddings"] / orig) / math.log(orig))
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
         sliding = ((family == "gemma2" and i % 2 == 0)
@@ -399,7 +410,7 @@ def hf_forward(family: str, cfg: dict[str, Any], t: dict[str, np.ndarray], ids: 
             q = _rms(q, t[p + "self_attn.q_norm.weight"], eps, gemma)
             k = _rms(k, t[p + "self_attn.k_norm.weight"], eps, gemma)
         base = cfg["rope_local_base_freq"] if family == "gemma3" and sliding else cfg["rope_theta"]
-        q, k = _rope(q, pos, base, divs), _rope(k, pos, base, divs)
+        q, k = _rope(q, pos, base, divs) * mscale, _rope(k, pos, base, divs) * mscale
         k, v = np.repeat(k, nh // nkv, axis=1), np.repeat(v, nh // nkv, axis=1)
         s = np.einsum("ihd,jhd->hij", q, k) * scale
         if cfg.get("attn_logit_softcapping"):

@@ -130,6 +130,10 @@ def test_metadata_is_what_llamacpps_converter_writes(converted: dict[str, Path])
     assert g3["gemma3.attention.key_length"] == hf.HEAD_DIM
     assert GGUFFile(converted["gemma2"]).metadata["gemma2.final_logit_softcapping"] == 30.0
     assert GGUFFile(converted["phi3"]).metadata["phi3.attention.sliding_window"] == 0
+    lr = GGUFFile(converted["phi3_longrope"])
+    assert list(lr.tensors)[:2] == ["rope_factors_long.weight", "rope_factors_short.weight"]
+    assert lr.metadata["phi3.rope.scaling.attn_factor"] == pytest.approx(1.25 ** 0.5)
+    assert lr.metadata["phi3.rope.scaling.original_context_length"] == 256
 
 
 def test_a_llama_with_a_sentencepiece_model_gets_the_llama_vocabulary(folders: dict[str, Path], tmp_path: Path) -> None:
