@@ -50,6 +50,7 @@ KNOWN_HASHES: dict[str, str] = {
     "c136ed14d01c2745d4f60a9596ae66800e2b61fa45643e72436041855ad4089d": "smaug-bpe",
     "855059429035d75a914d1eda9f10a876752e281a054a7a3d421ef0533e5b6249": "smollm",
     "35d91631860c815f952d711435f48d356ebac988362536bed955d43bfa436e34": "starcoder",
+    "6221ad2852e85ce96f791f476e0b390cf9b474c9e3d1362f53a24a06dc8220ff": "refact",
     "e636dc30a262dcc0d8c323492e32ae2b70728f4df7dfe9737d9f920a282b8aea": "qwen2",
     "b3f499bb4255f8ca19fccd664443283318f2fd2414d5e0b040fbdd0cc195d6c5": "deepseek-r1-qwen",
     "3ce83efda5659b07b1ad37ca97ca5797ea4285d9b9ab0dc679e4a720c9da7454": "gpt-2",
@@ -65,7 +66,7 @@ _HF_QWEN2 = (_CONTRACTIONS_CI + "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\
 # a normalized pre_tokenizer configuration -> the llama.cpp names it admits, the fallback first
 _PRE_CONFIGS: dict[str, tuple[str, ...]] = {
     "bytelevel": ("gpt-2", "phi-2"),
-    "digits+bytelevel": ("starcoder", "smollm"),
+    "digits+bytelevel": ("starcoder", "smollm", "refact"),
     "split:" + _HF_LLAMA3 + "+bytelevel": ("llama-bpe", "smaug-bpe"),
     "split:" + _HF_QWEN2 + "+bytelevel": ("qwen2", "deepseek-r1-qwen"),
 }

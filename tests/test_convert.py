@@ -284,16 +284,32 @@ def _broken(folders: dict[str, Path], tmp_path: Path) -> dict[str, tuple[Path, s
     return out
 
 
-def test_bad_input_is_one_line_and_exit_1(folders: dict[str, Path], tmp_path: Path) -> None:
+def _main(*args: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> tuple[int, str]:
+    """``llmedge ARGS`` through the console entry point, in this process: (exit status, stderr)."""
+    from llmedge.cli.main import main
+
+    monkeypatch.setattr(sys, "argv", ["llmedge", *args])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main()
+    return int(e.value.code or 0), capsys.readouterr().err
+
+
+def test_bad_input_is_one_line_and_exit_1(folders: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
     cases = _broken(folders, tmp_path)
     cases["nofolder"] = (tmp_path / "nope", "no such folder")
     for case, (path, text) in cases.items():
-        p = cli("convert", str(path), "-o", str(tmp_path / f"{case}.gguf"))
-        assert p.returncode == 1, (case, p.stderr)
-        assert p.stderr.count("\n") == 1 and p.stderr.startswith("Error: ") and text in p.stderr, (case, p.stderr)
-        assert "Traceback" not in p.stderr and not (tmp_path / f"{case}.gguf").exists()
-    p = cli("convert", str(folders["llama"]), "-o", str(tmp_path / "x.gguf"), "--outtype", "q4_0")
-    assert p.returncode == 1 and "unknown --outtype 'q4_0'" in p.stderr
+        code, err = _main("convert", str(path), "-o", str(tmp_path / f"{case}.gguf"), capsys=capsys,
+                          monkeypatch=monkeypatch)
+        assert code == 1, (case, err)
+        assert err.count("\n") == 1 and err.startswith("Error: ") and text in err, (case, err)
+        assert not (tmp_path / f"{case}.gguf").exists() and not list(tmp_path.glob("*.partial"))
+    code, err = _main("convert", str(folders["llama"]), "-o", str(tmp_path / "x.gguf"), "--outtype", "q4_0",
+                      capsys=capsys, monkeypatch=monkeypatch)
+    assert code == 1 and "unknown --outtype 'q4_0'" in err
+    p = cli("convert", str(cases["pretok"][0]), "-o", str(tmp_path / "p.gguf"))  # as a user runs it
+    assert p.returncode == 1 and p.stderr.count("\n") == 1 and "Traceback" not in p.stderr
 
 
 def test_a_hub_repo_converts_through_the_hf_cache(folders: dict[str, Path], tmp_path: Path) -> None:
