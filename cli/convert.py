@@ -20,10 +20,13 @@ _WANTED = re.compile(r"^(config\.json|generation_config\.json|tokenizer\.json|to
                      r"README\.md|model[^/]*\.safetensors|model\.safetensors\.index\.json)$")
 
 
-def hub_folder(spelled: str, report: Any = None) -> tuple[Path, str]:
-    """Download what converting ``hf.co/ORG/REPO`` needs into the HF cache; (snapshot folder, repo)."""
+def hub_folder(spelled: str, report: Any) -> tuple[Path, str]:
+    """Download what converting ``hf.co/ORG/REPO`` needs into the HF cache; (snapshot folder, repo).
+
+    Files the Hub lists with an LFS sha256 (the weights) are verified against it, as pulls are.
+    """
     from llmedge.errors import LlmedgeError
-    from llmedge.hf_source import _download, _listing, repo_and_tag
+    from llmedge.hf_source import _fetch_verified, _listing, repo_and_tag
 
     repo, tag = repo_and_tag(spelled)
     revision = tag or "main"
@@ -35,7 +38,7 @@ def hub_folder(spelled: str, report: Any = None) -> tuple[Path, str]:
         raise LlmedgeError(f"hf.co/{repo} has no config.json")
     folder = None
     for f in wanted:
-        path = _download(repo, f, revision)
+        path = _fetch_verified(repo, f, files.get(f), revision, report)
         if f == "config.json":
             folder = path.parent
     assert folder is not None
@@ -51,13 +54,15 @@ def convert(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress display.")] = False,
 ) -> None:
     """Convert a Hugging Face safetensors model to GGUF, as llama.cpp's convert_hf_to_gguf.py does."""
+    from llmedge.cli.progress import pull_progress
     from llmedge.errors import LlmedgeError
     from llmedge.quant.convert import ConvertError
     from llmedge.quant.convert import convert as run_convert
 
     name = None
     if src.lower().startswith("hf.co/"):
-        folder, name = hub_folder(src)
+        with pull_progress() as report:
+            folder, name = hub_folder(src, report)
     else:
         folder = Path(src).expanduser()
         if not folder.exists():
