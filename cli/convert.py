@@ -47,7 +47,7 @@ def hub_folder(spelled: str, report: Any) -> tuple[Path, str]:
 
 def convert(
     src: Annotated[str, typer.Argument(help="A Hugging Face model folder, or hf.co/ORG/REPO[:REVISION].")],
-    out: Annotated[Path, typer.Option("--outfile", "-o", help="The GGUF file to write.")],
+    out: Annotated[Path, typer.Option("--outfile", "-o", help="The GGUF file to write (a folder: llama.cpp's file name in it).")],
     outtype: Annotated[
         str, typer.Option("--outtype", help="f32, f16, bf16, q8_0, or auto (bf16 for a bf16 model, else f16).")
     ] = "auto",

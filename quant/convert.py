@@ -563,7 +563,10 @@ def convert(folder: Path, out: Path, outtype: str = "auto", model_name: str | No
         add(w)
     for o in plan:
         w.add_tensor_info(o.name, o.shape, np.dtype(np.float32), _nbytes(o.shape, o.qtype), raw_dtype=o.qtype)
-    _write_metadata(w, folder, hp, fam, ftype, model_name)
+    meta = _write_metadata(w, folder, hp, fam, ftype, model_name)
+    if out.is_dir():  # llama.cpp's default file name, e.g. SmolLM2-135M-Instruct-F16.gguf
+        out = out / (gguf.naming_convention(meta.name, meta.basename, meta.finetune, meta.version,
+                                            meta.size_label, ftype.name.partition("_")[2]) + ".gguf")
     special2 = vocab.extra.pop("_special2", None)
     vocab.add_to_gguf(w)
     if special2 is not None:
@@ -586,7 +589,7 @@ def convert(folder: Path, out: Path, outtype: str = "auto", model_name: str | No
 
 
 def _write_metadata(w: gguf.GGUFWriter, folder: Path, hp: dict[str, Any], fam: Family, ftype: Any,
-                    model_name: str | None) -> None:
+                    model_name: str | None) -> Any:
     """general.* (gguf.Metadata, as prepare_metadata), the hyper-parameters, the quantization version."""
     total, shared, expert, n_expert = w.get_total_parameter_count()
     meta = gguf.Metadata.load(None, folder, None, total)
@@ -603,4 +606,5 @@ def _write_metadata(w: gguf.GGUFWriter, folder: Path, hp: dict[str, Any], fam: F
     if fam.after_ftype is not None:
         fam.after_ftype(hp, w)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    return meta
 

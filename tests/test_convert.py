@@ -200,7 +200,9 @@ def test_a_real_model_exported_to_hf_converts_back_to_the_same_model(tmp_path: P
 
     folder = smol_folder
     f32 = GGUFFile(convert(folder, tmp_path / "f32.gguf", "f32").path)
-    f16 = convert(folder, tmp_path / "f16.gguf", "f16").path
+    (tmp_path / "out").mkdir()
+    f16 = convert(folder, tmp_path / "out", "f16").path  # a folder: llama.cpp's file name
+    assert f16.name == "SmolLM2-135M-Instruct-F16.gguf"
     orig = GGUFFile(smollm2_path)
     assert list(f32.tensors) == list(orig.tensors)
     for name, ti in orig.tensors.items():  # the dequantized weights, bit for bit, in GGUF's layout
