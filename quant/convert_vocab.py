@@ -258,8 +258,32 @@ def _fields(buf: bytes) -> list[tuple[int, int, Any]]:
     return out
 
 
-# sentencepiece's ModelProto.SentencePiece.Type -> GGUF token type
-_SP_TYPES = {1: TT.NORMAL, 2: TT.UNKNOWN, 3: TT.CONTROL, 4: TT.USER_DEFINED, 5: TT.UNUSED, 6: TT.BYTE}
+# sentencepiece's ModelProto.SentencePiece.Type -> GGUF token type (the same numbers)
+_SP_TYPES = {int(t): int(t) for t in (TT.NORMAL, TT.UNKNOWN, TT.CONTROL, TT.USER_DEFINED, TT.UNUSED, TT.BYTE)}
+_F32 = struct.Struct("<f")
+
+
+def _piece(v: bytes) -> tuple[str, float, int]:
+    """One SentencePiece message: (piece, score, type). The layout sentencepiece writes (piece, score,
+    then type unless NORMAL, all short) is read directly; anything else field by field."""
+    n = len(v)
+    if n >= 2 and v[0] == 0x0A and v[1] < 0x80:
+        end = 2 + v[1]
+        if end + 5 <= n and v[end] == 0x15:
+            j = end + 5
+            if j == n:
+                return v[2:end].decode("utf-8"), _F32.unpack_from(v, end + 1)[0], 1
+            if j + 2 == n and v[j] == 0x18 and v[j + 1] < 0x80:
+                return v[2:end].decode("utf-8"), _F32.unpack_from(v, end + 1)[0], v[j + 1]
+    piece, score, kind = "", 0.0, 1
+    for n2, w2, v2 in _fields(v):
+        if n2 == 1 and w2 == 2:
+            piece = v2.decode("utf-8")
+        elif n2 == 2 and w2 == 5:
+            score = _F32.unpack(v2)[0]
+        elif n2 == 3 and w2 == 0:
+            kind = v2
+    return piece, score, kind
 
 
 def read_sentencepiece(path: Path) -> tuple[list[str], list[float], list[int], bool]:
@@ -274,17 +298,10 @@ def read_sentencepiece(path: Path) -> tuple[list[str], list[float], list[int], b
     add_dummy_prefix = True
     for num, wt, v in _fields(buf):
         if num == 1 and wt == 2:
-            piece, score, kind = "", 0.0, 1
-            for n2, w2, v2 in _fields(v):
-                if n2 == 1 and w2 == 2:
-                    piece = v2.decode("utf-8")
-                elif n2 == 2 and w2 == 5:
-                    score = struct.unpack("<f", v2)[0]
-                elif n2 == 3 and w2 == 0:
-                    kind = v2
+            piece, score, kind = _piece(v)
             pieces.append(piece)
             scores.append(score)
-            types.append(_SP_TYPES.get(kind, TT.NORMAL))
+            types.append(_SP_TYPES.get(kind, 1))
         elif num == 3 and wt == 2:  # normalizer_spec
             for n2, w2, v2 in _fields(v):
                 if n2 == 3 and w2 == 0:

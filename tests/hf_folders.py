@@ -197,11 +197,43 @@ def spm_model(n_vocab: int, llama_style: bool = False) -> tuple[bytes, list[str]
         w = words[k] if k < len(words) else f"▁w{k}"
         pieces.append((w, -float(k + 1), 1))
         k += 1
+    return spm_proto(pieces), [p for p, _, _ in pieces]
+
+
+def spm_proto(pieces: list[tuple[str, float, int]], add_dummy_prefix: bool = True) -> bytes:
+    """sentencepiece's ModelProto bytes: (piece, score, type) entries, BPE trainer spec, normalizer spec."""
     body = b"".join(_pb_field(1, 2, _pb_field(1, 2, p.encode()) + _pb_field(2, 5, struct.pack("<f", s))
                               + _pb_field(3, 0, t)) for p, s, t in pieces)
     body += _pb_field(2, 2, _pb_field(3, 0, 2))  # trainer_spec.model_type = BPE
-    body += _pb_field(3, 2, _pb_field(3, 0, 1))  # normalizer_spec.add_dummy_prefix = true
-    return body, [p for p, _, _ in pieces]
+    body += _pb_field(3, 2, _pb_field(3, 0, int(add_dummy_prefix)))  # normalizer_spec.add_dummy_prefix
+    return body
+
+
+def export_spm_vocab(gguf_path: Path, folder: Path) -> Path:
+    """A tiny Gemma 3 HF folder carrying a real GGUF's SentencePiece vocabulary (tokenizer.model from its
+    tokens, scores and types; the specials in tokenizer.json's added_tokens, as HF ships them)."""
+    from llmedge.gguf import GGUFFile
+
+    md = GGUFFile(gguf_path).metadata
+    tokens = list(md["tokenizer.ggml.tokens"])
+    scores = [float(x) for x in md["tokenizer.ggml.scores"]]
+    types = [int(x) for x in md["tokenizer.ggml.token_type"]]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "tokenizer.model").write_bytes(spm_proto(list(zip(tokens, scores, types)), add_dummy_prefix=False))
+    ids = {k: md[f"tokenizer.ggml.{k}_token_id"] for k in ("bos", "eos", "unknown", "padding")}
+    added = [{"id": i, "content": t, "special": True} for i, (t, ty) in enumerate(zip(tokens, types)) if ty == 3]
+    (folder / "tokenizer.json").write_text(json.dumps({"added_tokens": added, "model": {"type": "BPE", "vocab": {}}}))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "add_bos_token": True, "add_eos_token": False, "bos_token": tokens[ids["bos"]], "eos_token": tokens[ids["eos"]],
+        "unk_token": tokens[ids["unknown"]], "pad_token": tokens[ids["padding"]], "chat_template": TEMPLATE}))
+    cfg = {**tiny_config("gemma3"), "vocab_size": len(tokens), "bos_token_id": ids["bos"], "eos_token_id": ids["eos"],
+           "pad_token_id": ids["padding"]}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    rng = np.random.default_rng(3)
+    w = {k: v for k, v in tiny_weights("gemma3").items() if k != "model.embed_tokens.weight"}
+    w["model.embed_tokens.weight"] = (rng.standard_normal((len(tokens), HIDDEN)) * 0.5).astype(np.float32)
+    write_safetensors(folder / "model.safetensors", w)
+    return folder
 
 
 # ------------------------------------------------------------------------------ tiny models

@@ -225,6 +225,25 @@ def test_a_real_model_exported_to_hf_converts_back_to_the_same_model(tmp_path: P
         assert m.tokenize("Héllo wörld 12345 🚀 it's") == llmedge.load(str(smollm2_path)).tokenize("Héllo wörld 12345 🚀 it's")
 
 
+def test_a_real_sentencepiece_vocabulary_converts_to_the_same_tokenizer(tmp_path: Path, gemma3_path: Path) -> None:
+    from llmedge.tokenizer import Tokenizer
+
+    folder = hf.export_spm_vocab(gemma3_path, tmp_path / "gemma-3-tiny")
+    got = GGUFFile(convert(folder, tmp_path / "g.gguf", "f32").path).metadata
+    want = GGUFFile(gemma3_path).metadata
+    for key in ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
+                "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.padding_token_id", "tokenizer.ggml.add_bos_token",
+                "tokenizer.ggml.add_eos_token", "tokenizer.ggml.add_space_prefix"):
+        assert got[key] == want[key], key
+    assert list(got["tokenizer.ggml.tokens"]) == list(want["tokenizer.ggml.tokens"])
+    assert np.array_equal(np.asarray(got["tokenizer.ggml.token_type"]), np.asarray(want["tokenizer.ggml.token_type"]))
+    assert np.array_equal(np.asarray(got["tokenizer.ggml.scores"]), np.asarray(want["tokenizer.ggml.scores"]))
+    text = "Héllo wörld!  <start_of_turn>user\n日本語のテキスト, код 12345 🚀\t  tabs"
+    a, b = Tokenizer.from_metadata(want), Tokenizer.from_metadata(got)
+    assert b.encode(text, add_bos=True, special=True) == a.encode(text, add_bos=True, special=True)
+    assert len(a.encode(text, add_bos=True, special=True)) > 20
+
+
 def test_converting_streams_tensors_and_peaks_below_the_f32_size(tmp_path: Path, smol_folder: Path) -> None:
     folder = smol_folder
     f32_size = (folder / "model.safetensors").stat().st_size
