@@ -27,7 +27,7 @@ from typing import Any
 import gguf
 import numpy as np
 
-from .convert_vocab import Vocab, VocabError, bpe_vocab, spm_vocab
+from .convert_vocab import Vocab, VocabError, bpe_vocab, read_json, spm_vocab
 
 A = gguf.MODEL_ARCH
 T = gguf.GGMLQuantizationType
@@ -193,7 +193,6 @@ def _qwen2_params(hp: dict[str, Any], w: gguf.GGUFWriter) -> None:
 
 
 def _gemma_common(hp: dict[str, Any], w: gguf.GGUFWriter, defaults: bool = False) -> None:
-    g = hp.get if defaults else hp.__getitem__
     w.add_context_length(hp.get("max_position_embeddings", 131072) if defaults else hp["max_position_embeddings"])
     w.add_embedding_length(hp["hidden_size"])
     w.add_block_count(hp["num_hidden_layers"])
@@ -201,7 +200,7 @@ def _gemma_common(hp: dict[str, Any], w: gguf.GGUFWriter, defaults: bool = False
     w.add_head_count(hp.get("num_attention_heads", 8) if defaults else hp["num_attention_heads"])
     if not defaults:
         w.add_head_count_kv(hp.get("num_key_value_heads", hp["num_attention_heads"]))
-    w.add_layer_norm_rms_eps(hp.get("rms_norm_eps", 1e-6) if defaults else g("rms_norm_eps"))
+    w.add_layer_norm_rms_eps(hp.get("rms_norm_eps", 1e-6) if defaults else hp["rms_norm_eps"])
     w.add_key_length(hp.get("head_dim", 256) if defaults else hp["head_dim"])
     w.add_value_length(hp.get("head_dim", 256) if defaults else hp["head_dim"])
 
@@ -492,7 +491,7 @@ def load_vocab(folder: Path, hp: dict[str, Any], fam: Family) -> Vocab:
     spm_file = (folder / "tokenizer.model").is_file()
     if fam.vocab == "phi3":
         cfg = folder / "tokenizer_config.json"
-        if cfg.is_file() and json.loads(cfg.read_text(encoding="utf-8")).get("tokenizer_class") == "GPT2Tokenizer":
+        if cfg.is_file() and read_json(cfg).get("tokenizer_class") == "GPT2Tokenizer":
             vocab = bpe_vocab(folder, n_vocab)
         elif not spm_file:
             raise VocabError(f"{folder} has no tokenizer.model (phi3 needs it)")
@@ -510,13 +509,13 @@ def load_vocab(folder: Path, hp: dict[str, Any], fam: Family) -> Vocab:
         for typ, tid in (("prefix", 67), ("suffix", 69), ("middle", 68), ("fsep", 70), ("eot", 107)):
             extra._set_special_token(typ, tid)
         extra.chat_template = None
-        vocab.extra["_special2"] = extra
+        vocab.more_special = extra
     if fam.gemma_vocab:
         vocab.extra["add_add_space_prefix"] = False
     if fam.arch in (A.LLAMA, A.GRANITE):
         cfg = folder / "tokenizer_config.json"
         if cfg.is_file():
-            tc = json.loads(cfg.read_text(encoding="utf-8"))
+            tc = read_json(cfg)
             if "add_prefix_space" in tc:
                 vocab.extra["add_add_space_prefix"] = tc["add_prefix_space"]
         if n_vocab == 49152:
@@ -567,10 +566,7 @@ def convert(folder: Path, out: Path, outtype: str = "auto", model_name: str | No
     if out.is_dir():  # llama.cpp's default file name, e.g. SmolLM2-135M-Instruct-F16.gguf
         out = out / (gguf.naming_convention(meta.name, meta.basename, meta.finetune, meta.version,
                                             meta.size_label, ftype.name.partition("_")[2]) + ".gguf")
-    special2 = vocab.extra.pop("_special2", None)
     vocab.add_to_gguf(w)
-    if special2 is not None:
-        special2.add_to_gguf(w, quiet=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".partial")
     try:

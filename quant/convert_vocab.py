@@ -86,6 +86,7 @@ class Vocab:
     toktypes: list[int]
     scores: list[float] | None = None
     special: gguf.SpecialVocab | None = None
+    more_special: gguf.SpecialVocab | None = None  # CodeGemma's FIM ids, added after the first
     extra: dict[str, Any] = field(default_factory=dict)  # add_space_prefix and such, GGUFWriter method -> value
 
     def add_to_gguf(self, w: gguf.GGUFWriter) -> None:
@@ -95,8 +96,9 @@ class Vocab:
         if self.scores is not None:
             w.add_token_scores(self.scores)
         w.add_token_types(self.toktypes)
-        if self.special is not None:
-            self.special.add_to_gguf(w, quiet=True)
+        for sv in (self.special, self.more_special):
+            if sv is not None:
+                sv.add_to_gguf(w, quiet=True)
         for method, value in self.extra.items():
             getattr(w, method)(value)
 
@@ -109,7 +111,8 @@ def looks_special(token: str) -> bool:
             or (token.startswith("<unused") and token.endswith(">")))
 
 
-def _read_json(path: Path) -> Any:
+def read_json(path: Path) -> Any:
+    """A JSON file's value; an unreadable file is a VocabError (one line)."""
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
@@ -124,7 +127,7 @@ def bpe_vocab(folder: Path, vocab_size: int | None) -> Vocab:
     path = folder / "tokenizer.json"
     if not path.is_file():
         raise VocabError(f"{folder} has neither tokenizer.model nor tokenizer.json")
-    tj = _read_json(path)
+    tj = read_json(path)
     model = tj.get("model") or {}
     if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict):
         raise VocabError(f"tokenizer.json holds a {model.get('type')!r} model, not a byte-level BPE")
@@ -327,17 +330,17 @@ def spm_vocab(folder: Path, vocab_size: int | None, phi3: bool = False) -> Vocab
             tokens[i], scores[i], types[i] = p, s, int(t)
     added = folder / "added_tokens.json"
     if added.is_file():
-        for key, tid in _read_json(added).items():
+        for key, tid in read_json(added).items():
             if isinstance(tid, int) and 0 <= tid < n:
                 tokens[tid], scores[tid], types[tid] = key, -1000.0, int(TT.USER_DEFINED)
     overrides: list[dict[str, Any]] = []
     cfg = folder / "tokenizer_config.json"
     if cfg.is_file():
-        for tid_s, data in (_read_json(cfg).get("added_tokens_decoder") or {}).items():
+        for tid_s, data in (read_json(cfg).get("added_tokens_decoder") or {}).items():
             overrides.append({**data, "id": int(tid_s)})
     tj = folder / "tokenizer.json"
     if phi3 and tj.is_file():
-        overrides.extend(_read_json(tj).get("added_tokens") or [])
+        overrides.extend(read_json(tj).get("added_tokens") or [])
     for data in overrides:
         tid = int(data["id"])
         if not 0 <= tid < n:
