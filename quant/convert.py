@@ -12,6 +12,10 @@ Tensor names go through ``gguf``'s own ``TensorNameMap``; output types follow th
 when the first 2-D source tensor is BF16, else F16); Q8_0 is encoded by ``llmedge.quant.quantize``
 (byte for byte ggml's reference), a row not a multiple of 32 falls back to F16 as llama.cpp's does.
 The vocabulary is :mod:`llmedge.quant.convert_vocab`'s; ``general.*`` comes from ``gguf.Metadata``.
+
+The reference is convert_hf_to_gguf.py as of mid-2025 (one file, before its split into modules); the
+quirks kept on purpose are noted where they occur (Llama 3's ``original_max_position_embeddings`` read
+at the top level of config.json, Q8_0 falling back to F16 for rows not a multiple of 32).
 """
 
 from __future__ import annotations
