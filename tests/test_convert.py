@@ -217,12 +217,18 @@ def test_a_real_model_exported_to_hf_converts_back_to_the_same_model(tmp_path: P
     assert cm["tokenizer.ggml.pre"] == "smollm"  # llama.cpp's hash of the check text, computed without transformers
     for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type"):
         assert list(cm[key]) == list(om[key]), key
-    prompt = [{"role": "user", "content": "Write a haiku about the sea."}]  # no near-tie on its first 24 tokens
-    want = [c.token for c in llmedge.load(str(smollm2_path), n_ctx=256).chat(prompt, max_tokens=24, temperature=0)]
-    for path in (f32.path, f16):
-        m = llmedge.load(str(path), n_ctx=256)
-        assert [c.token for c in m.chat(prompt, max_tokens=24, temperature=0)] == want, path.name
-        assert m.tokenize("Héllo wörld 12345 🚀 it's") == llmedge.load(str(smollm2_path)).tokenize("Héllo wörld 12345 🚀 it's")
+    # the original's Q4_1 products (Q8_1 activations) differ from F16/F32 ones: a prompt without near-ties
+    prompt = [{"role": "user", "content": "Give me a short poem about cats."}]
+    orig_model = llmedge.load(str(smollm2_path), n_ctx=256)
+    want = [c.token for c in orig_model.chat(prompt, max_tokens=24, temperature=0)]
+    fx = load_fixture("llamacpp_convert.json")["smollm2_f16"]
+    assert _fingerprint(f16) == fx["fingerprint"], "not the file llama.cpp ran"
+    assert orig_model.tokenize(orig_model.apply_chat_template(prompt), special=True) == fx["prompt_ids"]
+    assert want == fx["greedy"]  # llama.cpp, on this very converted F16 file
+    m = llmedge.load(str(f16), n_ctx=256)  # (F32's tensors are the original's, bit for bit, above)
+    assert [c.token for c in m.chat(prompt, max_tokens=24, temperature=0)] == want
+    text = "Héllo wörld 12345 🚀 it's"
+    assert m.tokenize(text) == orig_model.tokenize(text)
 
 
 def test_a_real_sentencepiece_vocabulary_converts_to_the_same_tokenizer(tmp_path: Path, gemma3_path: Path) -> None:
