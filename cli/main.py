@@ -8,6 +8,7 @@ import sys
 import typer
 
 from llmedge.cli import bench as bench_cmd
+from llmedge.cli import convert as convert_cmd
 from llmedge.cli import imatrix as imatrix_cmd
 from llmedge.cli import models as models_cmds
 from llmedge.cli import quantize as quantize_cmd
@@ -34,6 +35,7 @@ app.command("create")(models_cmds.create)
 app.command("tokenize")(tools_cmds.tokenize)
 app.command("bench")(bench_cmd.bench)
 app.command("perplexity")(tools_cmds.perplexity)
+app.command("convert")(convert_cmd.convert)
 app.command("quantize")(quantize_cmd.quantize)
 app.command("imatrix")(imatrix_cmd.imatrix)
 
