@@ -1,8 +1,8 @@
 """The declarative architecture spec: what a family is, read once from the GGUF, used by every backend.
 
 A family (``models/<arch>.py``) is a :class:`Family`: the features its layers use (Q/K/V biases,
-per-head Q/K norms, fused QKV / gate-up tensors, post-norms, GLU kind, RoPE layout, scaling (linear, YaRN) and frequency
-factors, sliding-window pattern, soft-caps, embedding scale, query scaling). :class:`HParams` is the
+per-head Q/K norms, fused QKV / gate-up tensors, post-norms, GLU kind, RoPE layout, scaling (linear,
+YaRN) and frequency factors, sliding-window pattern, soft-caps, embedding scale, query scaling). :class:`HParams` is the
 one shared reader of hyper-parameters (keys and defaults as llama.cpp's loader reads them).
 :func:`layer_specs` combines the two into one :class:`LayerSpec` per layer, and
 :func:`layer_tensors` lists each layer's tensors (typed as weight / bias / norm, optional ones
