@@ -69,7 +69,7 @@ class HParams:
         n_head = g.get_int(f"{a}.attention.head_count")
         head_dim = g.get_int(f"{a}.attention.key_length", n_embd // n_head)
         n_ctx_train = g.get_int(f"{a}.context_length")
-        kind = g.get(f"{a}.rope.scaling.type", "none")
+        kind = g.get(f"{a}.rope.scaling.type", "linear")  # llama.cpp's default: a bare factor scales linearly
         factor = g.get(f"{a}.rope.scaling.factor", None) or g.get(f"{a}.rope.scale_linear", 0.0) or 0.0
         if kind not in ("none", "linear", "yarn", "longrope"):
             raise ModelError(f"RoPE scaling '{kind}' is not supported (supported: none, linear, yarn, longrope)")

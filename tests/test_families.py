@@ -160,6 +160,18 @@ def test_an_unsupported_rope_scaling_fails_at_load_with_one_line(tmp_path: Path,
         model_class("qwen2")(g, _backend("numpy"))
 
 
+def test_a_rope_factor_without_a_scaling_type_scales_linearly(tmp_path: Path, monkeypatch) -> None:
+    """llama.cpp's loader defaults rope.scaling.type to linear: a bare factor (or the old
+    rope.scale_linear key) divides the angles; no factor leaves them alone."""
+    from dataclasses import replace
+
+    for meta, scale in (({"rope.scaling.factor": 2.0}, 0.5), ({"rope.scale_linear": 4.0}, 0.25), ({}, 1.0)):
+        monkeypatch.setitem(tm.MODELS, "qwen2_bare", replace(tm.MODELS["qwen2"], meta=meta))
+        g = GGUFFile(tm.write("qwen2_bare", tmp_path / f"bare{scale}.gguf"))
+        spec = model_class("qwen2")(g, _backend("numpy")).specs[0]
+        assert (spec.rope_scale, spec.rope_ext_factor) == (scale, 0.0)
+
+
 def test_yarn_reads_llamacpps_parameters(tiny_paths: dict[str, Path]) -> None:
     """The YaRN file's spec: freq_scale 1/4, ext_factor 1, ggml's correction dims for n_ctx_orig 32 and
     base 1e6 (pairs 0..4 ramp), mscale 1 + 0.1 ln 4 (llama.cpp divides its attn_factor by that factor
