@@ -34,7 +34,7 @@ QK8_0 = 32  # values per q8_0 block
 _ALIGN = 64
 
 Alloc = Callable[[tuple[int, ...], Any], np.ndarray]
-RopeSpec = tuple  # n_rot, freq_base, freq_scale, neox[, freq_factors]
+RopeSpec = tuple  # n_rot, freq_base, freq_scale, neox[, freq_factors or None[, (ext_factor, corr_lo, corr_hi)]]
 
 
 class RopeBackend(Protocol):
@@ -376,15 +376,18 @@ class LayerCache:
             raise LlmedgeError("cannot shift a KV cache layer whose RoPE parameters are unknown")
         k_keep, k_moved = self.k.take(keep), self.k.take(moved)
         if len(moved):
-            n_rot, base, scale, neox, *factors = self.rope
+            n_rot, base, scale, neox, *extra = self.rope
             kf = self.k.to_f32(k_moved)
             delta = np.full(len(moved), -n_discard, dtype=np.int32)
-            if factors:  # frequency factors (Llama 3, LongRoPE): a pure rotation by the same angles.
-                # (llama.cpp's K-shift also multiplies by attn_factor again; keys already carry it once.)
-                kf = backend.rope(np.ascontiguousarray(kf), delta, n_rot, base, scale, neox,
-                                  freq_factors=factors[0])
-            else:
-                kf = backend.rope(np.ascontiguousarray(kf), delta, n_rot, base, scale, neox)
+            # frequency factors (Llama 3, LongRoPE) and YaRN's ramp: a pure rotation by the same angles.
+            # (llama.cpp's K-shift also multiplies by attn_factor / YaRN's mscale again; keys already
+            # carry it once.)
+            kw: dict[str, Any] = {}
+            if extra and extra[0] is not None:
+                kw["freq_factors"] = extra[0]
+            if len(extra) > 1 and extra[1] is not None:
+                kw["ext_factor"], kw["corr_dims"] = extra[1][0], (extra[1][1], extra[1][2])
+            kf = backend.rope(np.ascontiguousarray(kf), delta, n_rot, base, scale, neox, **kw)
             k_moved = self.k.from_f32(np.asarray(kf, dtype=np.float32))
         new_pos = np.concatenate([p[keep], p[moved] - n_discard]).astype(np.int32)
         k_raw = tuple(np.concatenate([a, b]) for a, b in zip(k_keep, k_moved))

@@ -143,6 +143,10 @@ def make_sequence_cache(n_layer: int, n_ctx: int, n_kv_head: int, head_dim: int,
 
 
 def _rope(be: Backend, x: np.ndarray, pos: np.ndarray, spec: LayerSpec, ff: np.ndarray | None) -> np.ndarray:
+    if spec.rope_ext_factor != 0.0:  # YaRN: ggml_rope_ext's ramp between extrapolated and interpolated angles
+        return be.rope(x, pos, spec.n_rot, spec.rope_base, spec.rope_scale, spec.neox, freq_factors=ff,
+                       attn_factor=spec.rope_attn_factor, ext_factor=spec.rope_ext_factor,
+                       corr_dims=spec.rope_corr_dims)
     if ff is None and spec.rope_attn_factor == 1.0:  # the plain call every backend offers
         return be.rope(x, pos, spec.n_rot, spec.rope_base, spec.rope_scale, spec.neox)
     return be.rope(x, pos, spec.n_rot, spec.rope_base, spec.rope_scale, spec.neox, freq_factors=ff,
@@ -194,7 +198,9 @@ def attention_block(be: Backend, w: dict[str, Any], h: np.ndarray, step: Batch |
 
 def cache_rope(spec: LayerSpec, rope_ff: np.ndarray | None) -> tuple[Any, ...]:
     """The layer cache's RoPE record, what a context shift rotates keys with: (n_rot, base, scale,
-    neox[, freq_factors])."""
+    neox[, freq_factors or None[, (ext_factor, corr_lo, corr_hi)]]) (the last for YaRN layers)."""
+    if spec.yarn is not None:
+        return (*spec.rope, rope_ff, spec.yarn)
     return spec.rope if rope_ff is None else (*spec.rope, rope_ff)
 
 
@@ -299,14 +305,18 @@ class Decoder:
         return step.split(self.forward(step))
 
     def make_cache(self, n_ctx: int, kv_type: str = "f16", max_batch: int = 512) -> SequenceCache:
-        """Full caches, rings for sliding-window layers; also picks LongRoPE's factors for ``n_ctx``."""
+        """Full caches, rings for sliding-window layers, each with its RoPE record; also picks LongRoPE's
+        factors for ``n_ctx``."""
         ff = self._pick_rope_factors(n_ctx)
         if ff is not self.rope_ff:
             self.rope_ff = ff
             self._native_stack = None  # the fused stack's plan points at the factors
         p = self.params
-        return make_sequence_cache(p.n_layer, n_ctx, p.n_kv_head, p.head_dim, kv_type,
-                                   [s.window for s in self.specs], max_batch)
+        cache = make_sequence_cache(p.n_layer, n_ctx, p.n_kv_head, p.head_dim, kv_type,
+                                    [s.window for s in self.specs], max_batch)
+        for layer, spec in zip(cache.layers, self.specs):  # the full record (factors, YaRN) a shift needs
+            layer.rope = cache_rope(spec, self.rope_ff)
+        return cache
 
     def describe(self) -> str:
         """One line: the family and the features its layers use."""

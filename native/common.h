@@ -259,7 +259,7 @@ int lle_matvec_group_impl(const lle_weight *const *ws, int count, const float *x
 int lle_rms_norm_impl(const float *x, const float *w, long long n, long long d, float eps, float *out);
 int lle_rope_impl(const float *x, const int *pos, long long n, long long n_head, long long head_dim,
                   int n_rot, float freq_base, float freq_scale, int neox, const float *freq_factors,
-                  float attn_factor, float *out);
+                  float attn_factor, float ext_factor, float corr_lo, float corr_hi, float *out);
 int lle_attention_impl(const float *q, long long n, long long n_head, long long d,
                        const void *k, const void *v, int kv_f16, long long t, long long n_kv,
                        long long k_stride_t, long long k_stride_h, long long v_stride_t, long long v_stride_h,

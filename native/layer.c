@@ -1,7 +1,7 @@
 /* The decoder stack in one call: for every layer, RMS norm, Q/K/V products, per-head Q/K norms,
  * RoPE, the K/V cache writes, attention (each sequence over its own cache), output product and
  * residual, then the gated feed-forward and its residual, with what a models.spec.LayerSpec may
- * declare: Q/K/V/output biases, fused QKV and gate/up weights, RoPE frequency factors and
+ * declare: Q/K/V/output biases, fused QKV and gate/up weights, RoPE frequency factors, YaRN and
  * attn_factor, post-norms (Gemma), residual scaling (Granite).
  *
  * The arithmetic is exactly the op-by-op path's (models.base.Decoder.layer_forward on the native
@@ -145,10 +145,12 @@ static int layer_forward(const lle_layer *L, float *x, long long n, const int *p
     if (L->k_norm) TIMED(P_NORM, rc |= lle_rms_norm_impl(k, L->k_norm, n * L->n_kv_head, hd, L->eps, k));
     TIMED(P_ROPE,
           rc |= lle_rope_impl(q, pos, n, L->n_head, hd, L->n_rot, L->rope_base, L->rope_scale, L->neox,
-                              L->rope_factors, L->rope_attn_factor, q);
+                              L->rope_factors, L->rope_attn_factor, L->rope_ext_factor, L->rope_corr_lo,
+                              L->rope_corr_hi, q);
           if (L->q_scale != 1.0f) rc |= lle_scale_impl(q, L->q_scale, n * nq, q);
           rc |= lle_rope_impl(k, pos, n, L->n_kv_head, hd, L->n_rot, L->rope_base, L->rope_scale, L->neox,
-                              L->rope_factors, L->rope_attn_factor, k));
+                              L->rope_factors, L->rope_attn_factor, L->rope_ext_factor, L->rope_corr_lo,
+                              L->rope_corr_hi, k));
     if (rc) return rc;
     for (int s = 0; s < n_seqs; s++) {
         const lle_kv *c = &kv[s];

@@ -47,6 +47,12 @@ int lle_rope(const float *x, const int *pos, long long n, long long n_head, long
 int lle_rope_ext(const float *x, const int *pos, long long n, long long n_head, long long head_dim,
                  int n_rot, float freq_base, float freq_scale, int neox, const float *freq_factors,
                  float attn_factor, float *out);
+/* lle_rope_ext with YaRN (ggml's rope_yarn with ext_factor != 0): pair i's angle mixes the interpolated
+ * (freq_scale * theta) and extrapolated (theta) angles by ramp(i) * ext_factor, ramp going from 1 to 0
+ * over pairs [corr_lo, corr_hi]; attn_factor is the final cos/sin multiplier (YaRN's mscale included) */
+int lle_rope_yarn(const float *x, const int *pos, long long n, long long n_head, long long head_dim,
+                  int n_rot, float freq_base, float freq_scale, int neox, const float *freq_factors,
+                  float attn_factor, float ext_factor, float corr_lo, float corr_hi, float *out);
 int lle_softmax(const float *x, long long n, long long d, float scale, float *out);
 int lle_attention(const float *q, long long n, long long n_head, long long d,
                   const void *k, const void *v, int kv_f16, long long t, long long n_kv,
@@ -81,6 +87,8 @@ typedef struct {
      * rows then the up rows, 2 * n_ff of them (gate unused) */
     int fused_qkv, fused_gate_up;
     float residual_scale;      /* multiplies the attention and FFN outputs before each residual add */
+    /* YaRN (ext_factor 0: none): the ramp of lle_rope_yarn; rope_attn_factor then includes its mscale */
+    float rope_ext_factor, rope_corr_lo, rope_corr_hi;
 } lle_layer;
 
 typedef struct {

@@ -184,7 +184,8 @@ int lle_rms_norm(const float *x, const float *w, long long n, long long d, float
 
 typedef struct {
     const float *x; const int *pos; int64_t n_head, head_dim; int n_rot;
-    float freq_scale, theta_scale; int neox; const float *freq_factors; float mscale; float *out;
+    float freq_scale, theta_scale; int neox; const float *freq_factors; float mscale;
+    float ext_factor, corr_lo, corr_hi; float *out;
 } rope_ctx;
 
 static void rope_rows(void *vctx, int64_t r0, int64_t r1) {
@@ -196,7 +197,15 @@ static void rope_rows(void *vctx, int64_t r0, int64_t r1) {
         float theta = (float)c->pos[r];
         for (int i0 = 0; i0 < n_rot; i0 += 2) {
             const float ff = c->freq_factors ? c->freq_factors[i0 / 2] : 1.0f;
-            const float th = c->freq_scale * (theta / ff);
+            const float extrap = theta / ff;
+            float th = c->freq_scale * extrap;
+            if (c->ext_factor != 0.0f) {
+                /* ggml rope_yarn: ramp from the extrapolated to the interpolated angle over pairs
+                 * [corr_lo, corr_hi] (mscale's YaRN factor is already folded into c->mscale) */
+                const float y = ((float)(i0 / 2) - c->corr_lo) / fmaxf(0.001f, c->corr_hi - c->corr_lo);
+                const float mix = (1.0f - fminf(1.0f, fmaxf(0.0f, y))) * c->ext_factor;
+                th = th * (1.0f - mix) + extrap * mix;
+            }
             cache[i0 + 0] = cosf(th) * c->mscale;  /* ggml rope_yarn: attn_factor scales cos and sin */
             cache[i0 + 1] = sinf(th) * c->mscale;
             theta *= c->theta_scale;
@@ -213,10 +222,10 @@ static void rope_rows(void *vctx, int64_t r0, int64_t r1) {
 
 int lle_rope_impl(const float *x, const int *pos, long long n, long long n_head, long long head_dim,
              int n_rot, float freq_base, float freq_scale, int neox, const float *freq_factors,
-             float attn_factor, float *out) {
+             float attn_factor, float ext_factor, float corr_lo, float corr_hi, float *out) {
     if (n_rot > head_dim || n_rot % 2 != 0 || n_rot > 2048) return -1;
     rope_ctx c = {x, pos, n_head, head_dim, n_rot, freq_scale, powf(freq_base, -2.0f / n_rot), neox,
-                  freq_factors, attn_factor, out};
+                  freq_factors, attn_factor, ext_factor, corr_lo, corr_hi, out};
     parallel_rows(rope_rows, &c, n, n_head * head_dim * 8);
     return 0;
 }
@@ -227,7 +236,7 @@ int lle_rope(const float *x, const int *pos, long long n, long long n_head, long
     lle_lock();
     lle_ensure_init();
     const int r = lle_rope_impl(x, pos, n, n_head, head_dim, n_rot, freq_base, freq_scale, neox, freq_factors, 1.0f,
-                                out);
+                                0.0f, 0.0f, 0.0f, out);
     lle_unlock();
     return r;
 }
@@ -238,7 +247,18 @@ int lle_rope_ext(const float *x, const int *pos, long long n, long long n_head, 
     lle_lock();
     lle_ensure_init();
     const int r = lle_rope_impl(x, pos, n, n_head, head_dim, n_rot, freq_base, freq_scale, neox, freq_factors,
-                                attn_factor, out);
+                                attn_factor, 0.0f, 0.0f, 0.0f, out);
+    lle_unlock();
+    return r;
+}
+
+int lle_rope_yarn(const float *x, const int *pos, long long n, long long n_head, long long head_dim,
+                  int n_rot, float freq_base, float freq_scale, int neox, const float *freq_factors,
+                  float attn_factor, float ext_factor, float corr_lo, float corr_hi, float *out) {
+    lle_lock();
+    lle_ensure_init();
+    const int r = lle_rope_impl(x, pos, n, n_head, head_dim, n_rot, freq_base, freq_scale, neox, freq_factors,
+                                attn_factor, ext_factor, corr_lo, corr_hi, out);
     lle_unlock();
     return r;
 }

@@ -152,11 +152,41 @@ def test_a_tensor_the_family_does_not_declare_is_refused(tmp_path: Path, monkeyp
 def test_an_unsupported_rope_scaling_fails_at_load_with_one_line(tmp_path: Path, monkeypatch) -> None:
     from dataclasses import replace
 
-    yarn = replace(tm.MODELS["qwen2"], meta={"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0})
-    monkeypatch.setitem(tm.MODELS, "qwen2_yarn", yarn)
-    g = GGUFFile(tm.write("qwen2_yarn", tmp_path / "yarn.gguf"))
-    with pytest.raises(ModelError, match=r"^RoPE scaling 'yarn' is not supported \(supported: none, linear, longrope\)$"):
+    odd = replace(tm.MODELS["qwen2"], meta={"rope.scaling.type": "dynamic", "rope.scaling.factor": 4.0})
+    monkeypatch.setitem(tm.MODELS, "qwen2_dynamic", odd)
+    g = GGUFFile(tm.write("qwen2_dynamic", tmp_path / "dynamic.gguf"))
+    with pytest.raises(ModelError, match=r"^RoPE scaling 'dynamic' is not supported "
+                                         r"\(supported: none, linear, yarn, longrope\)$"):
         model_class("qwen2")(g, _backend("numpy"))
+
+
+def test_a_rope_factor_without_a_scaling_type_scales_linearly(tmp_path: Path, monkeypatch) -> None:
+    """llama.cpp's loader defaults rope.scaling.type to linear: a bare factor (or the old
+    rope.scale_linear key) divides the angles; no factor leaves them alone."""
+    from dataclasses import replace
+
+    for meta, scale in (({"rope.scaling.factor": 2.0}, 0.5), ({"rope.scale_linear": 4.0}, 0.25), ({}, 1.0)):
+        monkeypatch.setitem(tm.MODELS, "qwen2_bare", replace(tm.MODELS["qwen2"], meta=meta))
+        g = GGUFFile(tm.write("qwen2_bare", tmp_path / f"bare{scale}.gguf"))
+        spec = model_class("qwen2")(g, _backend("numpy")).specs[0]
+        assert (spec.rope_scale, spec.rope_ext_factor) == (scale, 0.0)
+
+
+def test_yarn_reads_llamacpps_parameters(tiny_paths: dict[str, Path]) -> None:
+    """The YaRN file's spec: freq_scale 1/4, ext_factor 1, ggml's correction dims for n_ctx_orig 32 and
+    base 1e6 (pairs 0..4 ramp), mscale 1 + 0.1 ln 4 (llama.cpp divides its attn_factor by that factor
+    and ggml multiplies it back in float32), and the YaRN angles move the logits far beyond the bounds."""
+    model = _load(tiny_paths["qwen3_yarn"], "numpy")
+    s = model.specs[0]
+    assert (s.rope_scale, s.rope_ext_factor, s.rope_corr_dims) == (0.25, 1.0, (0.0, 4.0))
+    assert abs(s.rope_attn_factor - (1 + 0.1 * np.log(4.0))) < 1e-6
+    assert "rope_yarn" in model.describe() and "rope_linear" not in model.describe()
+    ids = tm.prompt_ids("qwen3_yarn")
+    yarn, _ = _forward(model, ids)
+    for spec in model.specs:  # the same file read as plain linear scaling
+        spec.rope_ext_factor, spec.rope_attn_factor = 0.0, 1.0
+    linear, _ = _forward(model, ids)
+    assert np.abs(log_softmax(yarn) - log_softmax(linear)).max() > 0.5
 
 
 def test_llama3_rope_freqs_change_the_logits(tiny_paths: dict[str, Path]) -> None:
@@ -179,10 +209,10 @@ def test_show_names_the_family_and_the_fused_stack(tiny_paths: dict[str, Path]) 
     assert "fused stack" in r.stdout and "yes" in r.stdout
 
 
-@pytest.mark.parametrize("name", ["llama", "phi3"])
+@pytest.mark.parametrize("name", ["llama", "phi3", "qwen3_yarn"])
 def test_a_context_shift_keeps_rope_factors(name: str, tiny_paths: dict[str, Path]) -> None:
     """Shifting keys of a model with RoPE frequency factors (Llama 3's, LongRoPE's with attn_factor)
-    rotates them by the same factored angles: logits after a shift equal a fresh evaluation of the kept
+    or YaRN's ramp rotates them by the same angles: logits after a shift equal a fresh evaluation of the kept
     cells at their new positions, to float32 precision on the reference without ggml's roundings."""
     from llmedge.backends.numpy_ref import NumpyBackend
     from llmedge.kvcache import LayerState

@@ -60,6 +60,11 @@ MODELS: dict[str, Tiny] = {
                    meta={"attention.sliding_window": 8, "rope.freq_base": 1e6}),
     "phi3": Tiny("phi3", attn_type=T.Q8_0, ffn_type=T.Q4_K, fused_qkv=True, fused_gate_up=True, longrope=True,
                  tied=False, meta={"rope.scaling.attn_factor": 1.19, "rope.scaling.original_context_length": 64}),
+    # YaRN (Qwen 2.5 / Qwen 3 long-context files): factor 4 over an original context of 32, so the
+    # 40-token prompt runs past it; the ramp spans pairs [0, 4] at base 1e6
+    "qwen3_yarn": Tiny("qwen3", attn_type=T.Q8_0, ffn_type=T.Q8_0, qk_norm=True,
+                       meta={"rope.freq_base": 1e6, "rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
+                             "rope.scaling.original_context_length": 32}),
     "granite": Tiny("granite", attn_type=T.Q8_0, ffn_type=T.Q6_K,
                     meta={"embedding_scale": 12.0, "residual_scale": 0.22, "attention.scale": 0.03,
                           "logit_scale": 4.0}),

@@ -49,7 +49,10 @@ class Backend(Protocol):
 
     def rope(self, x: np.ndarray, positions: np.ndarray, n_rot: int, freq_base: float,
              freq_scale: float, neox: bool) -> np.ndarray:
-        """Rotate ``x`` [n, heads, head_dim] at ``positions`` [n]; NeoX pairs (i, i+n_rot/2), else (2i, 2i+1)."""
+        """Rotate ``x`` [n, heads, head_dim] at ``positions`` [n]; NeoX pairs (i, i+n_rot/2), else (2i, 2i+1).
+
+        Backends that run families with RoPE factors or YaRN also take the keywords ``freq_factors``,
+        ``attn_factor`` (the final cos/sin multiplier), ``ext_factor`` and ``corr_dims`` (YaRN's ramp)."""
 
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.ndarray,
                   k_pos: np.ndarray, scale: float, window: int | None = None,

@@ -183,14 +183,16 @@ class MlxBackend:
 
     def rope(self, x: np.ndarray, positions: np.ndarray, n_rot: int, freq_base: float,
              freq_scale: float, neox: bool, freq_factors: np.ndarray | None = None,
-             attn_factor: float = 1.0) -> np.ndarray:
-        if freq_factors is not None or attn_factor != 1.0:
-            # per-pair frequency factors (Llama 3, LongRoPE) and the YaRN/LongRoPE magnitude factor
-            # are rare and cheap at the RoPE step: the reference computes them exactly
+             attn_factor: float = 1.0, ext_factor: float = 0.0,
+             corr_dims: tuple[float, float] = (0.0, 0.0)) -> np.ndarray:
+        if freq_factors is not None or attn_factor != 1.0 or ext_factor != 0.0:
+            # per-pair frequency factors (Llama 3, LongRoPE), YaRN's ramp and the YaRN/LongRoPE magnitude
+            # factor are rare and cheap at the RoPE step: the reference computes them exactly
             from llmedge.backends.numpy_ref import NumpyBackend
 
             return NumpyBackend().rope(as_f32c(x), np.asarray(positions), n_rot, freq_base, freq_scale, neox,
-                                       freq_factors=freq_factors, attn_factor=attn_factor)
+                                       freq_factors=freq_factors, attn_factor=attn_factor, ext_factor=ext_factor,
+                                       corr_dims=corr_dims)
         return _np(rope(mx.array(as_f32c(x)), mx.array(np.asarray(positions, dtype=np.int32)), n_rot,
                         freq_base, freq_scale, neox))
 
@@ -368,7 +370,9 @@ class _Stack:
             for (s, e), b in zip(step.bounds, step.batches):
                 layer = b.cache.layers[il]
                 if layer.rope is None:  # what a context shift needs to re-rotate this layer's keys
-                    layer.rope = (spec.n_rot, spec.rope_base, spec.rope_scale, spec.neox)
+                    from llmedge.models.base import cache_rope
+
+                    layer.rope = cache_rope(spec, None)
                 k_all, v_all, k_pos = layer.update_and_fetch(k_np[s:e], v_np[s:e], positions[s:e])
                 mask = mx.array(visible(positions[s:e], k_pos, spec.window))
                 parts.append(attention(q[s:e], mx.array(k_all), mx.array(v_all), mask, spec.scale, spec.softcap))

@@ -222,9 +222,11 @@ class NativeBackend:
 
     def rope(self, x: np.ndarray, positions: np.ndarray, n_rot: int, freq_base: float,
              freq_scale: float, neox: bool, freq_factors: np.ndarray | None = None,
-             out: np.ndarray | None = None, attn_factor: float = 1.0) -> np.ndarray:
+             out: np.ndarray | None = None, attn_factor: float = 1.0, ext_factor: float = 0.0,
+             corr_dims: tuple[float, float] = (0.0, 0.0)) -> np.ndarray:
         """Rotate ``x`` [n, heads, head_dim]; ``out`` may be ``x`` itself (in place). ``freq_factors``
-        divide each pair's angle, ``attn_factor`` scales cos and sin (ggml's rope_ext)."""
+        divide each pair's angle, ``ext_factor``/``corr_dims`` are YaRN's ramp, ``attn_factor`` scales
+        cos and sin (ggml's rope_ext; YaRN's mscale folded in by the caller)."""
         x = _f32c(x)
         n, n_head, head_dim = x.shape
         pos = np.ascontiguousarray(positions, dtype=np.int32)
@@ -237,6 +239,11 @@ class NativeBackend:
             if freq_factors.size < n_rot // 2:
                 raise ValueError("rope: freq_factors needs n_rot/2 values")
             ff = _fptr(freq_factors)
+        if ext_factor != 0.0:
+            _check(lib.lle_rope_yarn(_fptr(x), ffi.from_buffer("int[]", pos), n, n_head, head_dim, int(n_rot),
+                                     freq_base, freq_scale, 1 if neox else 0, ff, attn_factor, ext_factor,
+                                     corr_dims[0], corr_dims[1], _fptr(o)), "rope")
+            return o
         _check(lib.lle_rope_ext(_fptr(x), ffi.from_buffer("int[]", pos), n, n_head, head_dim, int(n_rot),
                                 freq_base, freq_scale, 1 if neox else 0, ff, attn_factor, _fptr(o)), "rope")
         return o
@@ -358,12 +365,12 @@ class _StackPlan:
 
     The C stack encodes these :class:`llmedge.models.spec.LayerSpec` features: Q/K/V and output
     biases, per-head Q/K norms, fused QKV and fused gate/up weights, post-norms, SiLU/GELU GLUs,
-    RoPE (both layouts, linear scaling, frequency factors, attn_factor), sliding windows, attention
+    RoPE (both layouts, linear scaling, YaRN, frequency factors, attn_factor), sliding windows, attention
     soft-capping, Q scaling and residual scaling. A model using anything else runs op by op."""
 
     ENCODED = frozenset({"qkv_bias", "o_bias", "qk_norm", "fused_qkv", "fused_gate_up", "post_norms",
                          "sliding_window", "attn_softcap", "q_scale", "rope_freqs", "rope_longrope",
-                         "rope_attn_factor", "rope_linear", "residual_scale"})
+                         "rope_attn_factor", "rope_linear", "rope_yarn", "residual_scale"})
 
     def __init__(self, model: Any) -> None:
         layers, specs = model.layers, model.specs
@@ -389,6 +396,8 @@ class _StackPlan:
             L.eps, L.rope_base, L.rope_scale = spec.eps, spec.rope_base, spec.rope_scale
             L.q_scale, L.attn_scale, L.softcap = spec.q_scale, spec.scale, float(spec.softcap or 0.0)
             L.rope_attn_factor = spec.rope_attn_factor
+            L.rope_ext_factor = spec.rope_ext_factor
+            L.rope_corr_lo, L.rope_corr_hi = spec.rope_corr_dims
             L.fused_qkv, L.fused_gate_up = int(spec.fused_qkv), int(spec.fused_gate_up)
             L.residual_scale = spec.residual_scale
 

@@ -1458,7 +1458,7 @@ def _rms_norm_par(x, w, has_w, eps, out):
 
 
 @njit
-def _rope_rows(x, pos, n_rot, freq_scale, theta_scale, neox, ff, has_ff, mscale, out, r0, r1):
+def _rope_rows(x, pos, n_rot, freq_scale, theta_scale, neox, ff, has_ff, mscale, ext, lo, hi, out, r0, r1):
     n_head, hd = x.shape[1], x.shape[2]
     half = n_rot // 2
     cache = np.empty(n_rot, np.float32)
@@ -1466,7 +1466,12 @@ def _rope_rows(x, pos, n_rot, freq_scale, theta_scale, neox, ff, has_ff, mscale,
         theta = F32(pos[r])
         for i0 in range(0, n_rot, 2):
             f = ff[i0 // 2] if has_ff else F32(1.0)
-            th = freq_scale * (theta / f)
+            extrap = theta / f
+            th = freq_scale * extrap
+            if ext != F32(0.0):  # YaRN (ggml's rope_yarn): ramp between interpolated and extrapolated
+                y = (F32(i0 // 2) - lo) / max(F32(0.001), hi - lo)
+                mix = (F32(1.0) - min(F32(1.0), max(F32(0.0), y))) * ext
+                th = th * (F32(1.0) - mix) + extrap * mix
             cache[i0] = F32(math.cos(th)) * mscale
             cache[i0 + 1] = F32(math.sin(th)) * mscale
             theta = theta * theta_scale
@@ -1485,17 +1490,17 @@ def _rope_rows(x, pos, n_rot, freq_scale, theta_scale, neox, ff, has_ff, mscale,
 
 
 @njit(cache=True)
-def _rope_ser(x, pos, n_rot, freq_scale, theta_scale, neox, ff, has_ff, mscale, out):
-    _rope_rows(x, pos, n_rot, freq_scale, theta_scale, neox, ff, has_ff, mscale, out, 0, x.shape[0])
+def _rope_ser(x, pos, n_rot, freq_scale, theta_scale, neox, ff, has_ff, mscale, ext, lo, hi, out):
+    _rope_rows(x, pos, n_rot, freq_scale, theta_scale, neox, ff, has_ff, mscale, ext, lo, hi, out, 0, x.shape[0])
 
 
 @njit(parallel=True, cache=True)
-def _rope_par(x, pos, n_rot, freq_scale, theta_scale, neox, ff, has_ff, mscale, out):
+def _rope_par(x, pos, n_rot, freq_scale, theta_scale, neox, ff, has_ff, mscale, ext, lo, hi, out):
     n = x.shape[0]
     nc = min(n, 64)
     for c in prange(nc):
-        _rope_rows(x, pos, n_rot, freq_scale, theta_scale, neox, ff, has_ff, mscale, out, c * n // nc,
-                   (c + 1) * n // nc)
+        _rope_rows(x, pos, n_rot, freq_scale, theta_scale, neox, ff, has_ff, mscale, ext, lo, hi, out,
+                   c * n // nc, (c + 1) * n // nc)
 
 
 _GELU_A = F32(0.044715)
@@ -1914,9 +1919,11 @@ class NumbaBackend:
 
     def rope(self, x: np.ndarray, positions: np.ndarray, n_rot: int, freq_base: float,
              freq_scale: float, neox: bool, freq_factors: np.ndarray | None = None,
-             out: np.ndarray | None = None, attn_factor: float = 1.0) -> np.ndarray:
+             out: np.ndarray | None = None, attn_factor: float = 1.0, ext_factor: float = 0.0,
+             corr_dims: tuple[float, float] = (0.0, 0.0)) -> np.ndarray:
         """Rotate ``x`` [n, heads, head_dim] at ``positions``; ``out`` may be ``x`` itself.
-        ``freq_factors`` divide each pair's angle, ``attn_factor`` scales cos and sin (ggml's rope_ext)."""
+        ``freq_factors`` divide each pair's angle, ``ext_factor``/``corr_dims`` are YaRN's ramp,
+        ``attn_factor`` scales cos and sin (ggml's rope_ext; YaRN's mscale folded in by the caller)."""
         x = _f32c(x)
         n = x.shape[0]
         pos = np.ascontiguousarray(positions, dtype=np.int32).reshape(-1)
@@ -1928,7 +1935,7 @@ class NumbaBackend:
         theta_scale = F32(F32(freq_base) ** (F32(-2.0) / F32(n_rot)))
         ff = _EMPTY_F32 if freq_factors is None else _f32c(freq_factors).reshape(-1)
         args = (x, pos, int(n_rot), F32(freq_scale), theta_scale, bool(neox), ff, freq_factors is not None,
-                F32(attn_factor), o)
+                F32(attn_factor), F32(ext_factor), F32(corr_dims[0]), F32(corr_dims[1]), o)
         if x.size >= 1 << 15:
             self._set_threads()
             _rope_par(*args)

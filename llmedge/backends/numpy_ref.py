@@ -121,15 +121,25 @@ def silu(x: np.ndarray) -> np.ndarray:
 
 
 def rope_angles(positions: np.ndarray, n_rot: int, freq_base: float, freq_scale: float,
-                freq_factors: np.ndarray | None = None) -> np.ndarray:
+                freq_factors: np.ndarray | None = None, ext_factor: float = 0.0,
+                corr_dims: tuple[float, float] = (0.0, 0.0)) -> np.ndarray:
     """theta[p, i] = pos * freq_scale * base^(-2i/n_rot), float32 [n, n_rot/2], computed as ggml does:
-    the per-pair factor advances by repeated float32 multiplication (ggml_rope_cache_init)."""
-    theta_scale = np.float32(np.float32(freq_base) ** np.float32(-2.0 / n_rot))
+    the per-pair factor advances by repeated float32 multiplication (ggml_rope_cache_init). With YaRN's
+    ``ext_factor``, pair i mixes the interpolated angle with the extrapolated one (ggml's rope_yarn):
+    ramp = 1 - clamp((i - lo) / max(0.001, hi - lo), 0, 1), mix = ramp * ext_factor."""
+    f32 = np.float32
+    theta_scale = f32(f32(freq_base) ** f32(-2.0 / n_rot))
     theta = positions.astype(np.float32)
     out = np.empty((len(positions), n_rot // 2), dtype=np.float32)
     ff = None if freq_factors is None else np.asarray(freq_factors, dtype=np.float32).reshape(-1)
+    lo, hi = f32(corr_dims[0]), f32(corr_dims[1])
     for i in range(n_rot // 2):
-        out[:, i] = np.float32(freq_scale) * (theta if ff is None else theta / ff[i])
+        extrap = theta if ff is None else theta / ff[i]
+        out[:, i] = f32(freq_scale) * extrap
+        if ext_factor != 0.0:
+            y = (f32(i) - lo) / max(f32(0.001), f32(hi - lo))
+            mix = f32(f32(1.0) - min(f32(1.0), max(f32(0.0), y))) * f32(ext_factor)
+            out[:, i] = out[:, i] * (f32(1.0) - mix) + extrap * mix
         theta = theta * theta_scale
     return out
 
@@ -161,8 +171,13 @@ class NumpyBackend:
 
     def rope(self, x: np.ndarray, positions: np.ndarray, n_rot: int, freq_base: float,
              freq_scale: float, neox: bool, freq_factors: np.ndarray | None = None,
-             attn_factor: float = 1.0) -> np.ndarray:
-        theta = rope_angles(positions, n_rot, freq_base, freq_scale, freq_factors)[:, None, :]
+             attn_factor: float = 1.0, ext_factor: float = 0.0,
+             corr_dims: tuple[float, float] = (0.0, 0.0)) -> np.ndarray:
+        """ggml's rope_ext: ``freq_factors`` divide each pair's angle, ``ext_factor`` and ``corr_dims``
+        are YaRN's ramp (:func:`rope_angles`), ``attn_factor`` is the final multiplier of cos and sin
+        (YaRN's mscale already folded in by the caller, see ``models.spec.yarn_mscale``)."""
+        theta = rope_angles(positions, n_rot, freq_base, freq_scale, freq_factors, ext_factor,
+                            corr_dims)[:, None, :]
         cos, sin = f64_op(np.cos, theta), f64_op(np.sin, theta)
         if attn_factor != 1.0:  # ggml's rope_yarn: mscale multiplies cos and sin
             cos, sin = cos * np.float32(attn_factor), sin * np.float32(attn_factor)
