@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import StoreError
+from .fsutil import fsync_dir
 from .names import parse_digest
 
 CHUNK = 1 << 20
@@ -165,6 +166,8 @@ def parallel_fill(read: RangeReader, size: int, parts: int) -> Fill:
             raise errors[0]
         if any(r[2] != r[1] - r[0] for r in ranges):
             raise StoreError("a ranged download ended early")
+        with open(part, "r+b") as f:  # durable before the rename makes it the blob
+            os.fsync(f.fileno())
 
     return fill
 
@@ -204,6 +207,7 @@ class BlobDir:
             os.chmod(part, 0o644)
             os.replace(part, blob)
             state.unlink(missing_ok=True)
+            fsync_dir(self.path)
         with contextlib.suppress(OSError):
             part.with_name(part.name + ".lock").unlink()
         return blob
@@ -219,7 +223,7 @@ class BlobDir:
                 return blob
             if not blob.is_symlink() and blob.is_file() and os.path.samefile(blob, target):
                 return blob
-        tmp = self.path / f"{PARTIAL_PREFIX}link-{parse_digest(digest)}-{os.getpid()}"
+        tmp = self.path / f"{PARTIAL_PREFIX}{os.getpid()}-link-{parse_digest(digest)}"
         tmp.unlink(missing_ok=True)
         try:
             try:

@@ -1,0 +1,144 @@
+"""Exact kill points for the crash-consistency tests: run an action in a forked child whose file writes
+and file-system operations count down a budget, and SIGKILL the child when the budget runs out.
+
+The child's `open`/`os.fdopen` return files whose `write` spends the byte budget (killing after part of
+the buffer when it runs out) and the operations in `OPS` spend the operation budget (killing just before
+the operation). `kill_points` measures a full run, then gives one budget per operation plus byte offsets
+spread over everything written, at least 24 in all. Nothing here is product code: the product is
+exercised unchanged, only the process dies where a `kill -9` could have hit it.
+"""
+
+from __future__ import annotations
+
+import builtins
+import io
+import json
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+OPS = ("replace", "rename", "link", "fsync", "unlink", "chmod")
+BYTE_POINTS = 16
+MIN_POINTS = 24
+
+
+class Budget:
+    """What the child may still do before it is killed (inf: no limit), and what it did."""
+
+    def __init__(self, n_bytes: float, n_ops: float) -> None:
+        self.bytes, self.ops = n_bytes, n_ops
+        self.used_bytes = self.used_ops = 0
+
+    def __repr__(self) -> str:
+        return f"Budget(bytes={self.bytes}, ops={self.ops})"
+
+
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _nbytes(data: Any) -> int:
+    try:
+        return memoryview(data).nbytes
+    except TypeError:
+        return len(data)
+
+
+class _KillingFile:
+    def __init__(self, f: Any, budget: Budget) -> None:
+        self._f, self._budget = f, budget
+
+    def write(self, data: Any) -> int:
+        b = self._budget
+        n = _nbytes(data)
+        if b.bytes < n:
+            if isinstance(data, str):
+                self._f.write(data[: int(b.bytes)])
+            else:
+                self._f.write(memoryview(data).cast("B")[: int(b.bytes)])
+            self._f.flush()
+            _die()
+        b.bytes -= n
+        b.used_bytes += n
+        return self._f.write(data)
+
+    def __enter__(self) -> _KillingFile:
+        self._f.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self._f.__exit__(*exc)
+
+    def __iter__(self) -> Any:
+        return iter(self._f)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._f, name)
+
+
+def _install(budget: Budget) -> None:
+    real_open, real_fdopen = io.open, os.fdopen
+
+    def opener(real: Callable[..., Any]) -> Callable[..., Any]:
+        def open_(file: Any, mode: str = "r", *args: Any, **kw: Any) -> Any:
+            f = real(file, mode, *args, **kw)
+            return _KillingFile(f, budget) if any(c in mode for c in "wax+") else f
+
+        return open_
+
+    builtins.open = io.open = opener(real_open)  # type: ignore[assignment]
+    os.fdopen = opener(real_fdopen)  # type: ignore[assignment]
+    for name in OPS:
+        real = getattr(os, name)
+
+        def op(*args: Any, _real: Callable[..., Any] = real, **kw: Any) -> Any:
+            if budget.ops <= 0:
+                _die()
+            budget.ops -= 1
+            budget.used_ops += 1
+            return _real(*args, **kw)
+
+        setattr(os, name, op)
+
+
+def in_child(action: Callable[[], None], budget: Budget) -> tuple[int, dict[str, int]]:
+    """Fork; the child runs ``action`` under ``budget``; returns (signal or -exit code, usage)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 0
+        try:
+            os.close(r)
+            _install(budget)
+            action()
+            os.write(w, json.dumps({"bytes": budget.used_bytes, "ops": budget.used_ops}).encode())
+        except BaseException:  # noqa: BLE001
+            import traceback
+
+            traceback.print_exc()
+            code = 3
+        os._exit(code)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        report = f.read()
+    _, status = os.waitpid(pid, 0)
+    usage = json.loads(report) if report else {}
+    return (os.WTERMSIG(status) if os.WIFSIGNALED(status) else -os.WEXITSTATUS(status)), usage
+
+
+def kill_points(action: Callable[[], None], byte_points: int = BYTE_POINTS) -> list[Budget]:
+    """A full run's totals, then one budget per operation and per byte offset (at least 24)."""
+    sig, usage = in_child(action, Budget(float("inf"), float("inf")))
+    assert sig == 0 and usage, f"the unkilled run failed ({sig})"
+    points = [Budget(float("inf"), k) for k in range(usage["ops"])]
+    total, n = usage["bytes"], max(byte_points, MIN_POINTS - len(points))
+    points += [Budget(total * i // n + 1, float("inf")) for i in range(n)]
+    assert len(points) >= MIN_POINTS
+    return points
+
+
+def strays(d: Path) -> list[str]:
+    """The hidden (temporary) files directly in ``d``."""
+    return sorted(p.name for p in d.iterdir() if p.name.startswith("."))
