@@ -190,27 +190,36 @@ class BlobDir:
         becomes visible, and a partial file that fails the check is discarded."""
         hexd = parse_digest(digest)
         blob, part = self.blob(digest), self.partial(digest)
-        state = part.with_name(part.name + STATE_SUFFIX)
         self.path.mkdir(parents=True, exist_ok=True)
         with locked(part.with_name(part.name + ".lock")):
             if blob.is_file() and (size is None or blob.stat().st_size == size):
                 report(blob.stat().st_size)
-                return blob
-            fill(part, report)
-            got_size = part.stat().st_size
-            got = hash_file(part).hexdigest()
-            if got != hexd or (size is not None and got_size != size):
-                part.unlink(missing_ok=True)
-                state.unlink(missing_ok=True)
-                raise StoreError(f"blob sha256:{hexd[:12]} failed verification: got sha256:{got[:12]}, "
-                                 f"{got_size} bytes; the partial download was discarded")
-            os.chmod(part, 0o644)
-            os.replace(part, blob)
-            state.unlink(missing_ok=True)
-            fsync_dir(self.path)
-        with contextlib.suppress(OSError):
+                state = part.with_name(part.name + STATE_SUFFIX)  # what a pull killed after its rename left
+                for leftover in (state, state.with_name(state.name + ".tmp")):
+                    leftover.unlink(missing_ok=True)
+            else:
+                self._complete(f"sha256:{hexd}", size, fill, report)
+        with contextlib.suppress(OSError):  # also when a killed pull left it after the rename
             part.with_name(part.name + ".lock").unlink()
         return blob
+
+    def _complete(self, digest: str, size: int | None, fill: Fill, report: Callable[[int], None]) -> None:
+        """With the lock held: fill the partial file, verify it, and rename it to the blob."""
+        hexd = parse_digest(digest)
+        blob, part = self.blob(digest), self.partial(digest)
+        state = part.with_name(part.name + STATE_SUFFIX)
+        fill(part, report)
+        got_size = part.stat().st_size
+        got = hash_file(part).hexdigest()
+        if got != hexd or (size is not None and got_size != size):
+            part.unlink(missing_ok=True)
+            state.unlink(missing_ok=True)
+            raise StoreError(f"blob sha256:{hexd[:12]} failed verification: got sha256:{got[:12]}, "
+                             f"{got_size} bytes; the partial download was discarded")
+        os.chmod(part, 0o644)
+        os.replace(part, blob)
+        state.unlink(missing_ok=True)
+        fsync_dir(self.path)
 
     def link(self, digest: str, target: Path) -> Path:
         """Make the blob `digest` a link to `target` (a file kept by someone else, e.g. the Hugging
