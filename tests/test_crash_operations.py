@@ -45,46 +45,47 @@ def ggufs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 # -- quantize --------------------------------------------------------------------------------------
 def test_kill_during_quantize_leaves_the_old_output_or_the_new(tmp_path: Path) -> None:
-    src, dst = tmp_path / "in.gguf", tmp_path / "out.gguf"
+    """`quantize in.gguf out.gguf Q8_0` killed anywhere: out.gguf is the previous file or the complete
+    Q8_0 output; the next run sweeps the killed runs' temp files."""
+    out, ref = tmp_path / "out", tmp_path / "ref"
+    out.mkdir()
+    ref.mkdir()
+    src, dst = ref / "in.gguf", out / "out.gguf"
     write_quant_input(src, "f16")
+    old = write_tiny_llama(ref / "old.gguf", seed=5).read_bytes()  # a previous output (small: rewritten per point)
+    dst.write_bytes(old)
     setup = (f"from llmedge.quant.gguf_quantize import quantize_gguf\n"
              f"from llmedge.quant.mix import MixParams\n"
              f"src, dst = {str(src)!r}, {str(dst)!r}\n"
-             f"quantize_gguf(src, dst, MixParams('Q8_0'))\n"  # the encoders compiled before forking
-             f"new = open(dst, 'rb').read()\n"
-             f"quantize_gguf(src, dst, MixParams('Q4_0'))\n")
+             f"quantize_gguf(src, {str(ref / 'new.gguf')!r}, MixParams('Q8_0'))\n")  # compiled before forking
     server = ForkServer(setup, "quantize_gguf(src, dst, MixParams('Q8_0'))")
     try:
         points = server.kill_points()
-        new = dst.read_bytes()
-        server.run(unlimited())
-        old_server = ForkServer(setup, "quantize_gguf(src, dst, MixParams('Q4_0'))")
-        try:
-            assert old_server.run(unlimited())[0] == 0
-        finally:
-            old_server.close()
-        old = dst.read_bytes()
-        assert old != new
+        new = (ref / "new.gguf").read_bytes()
+        assert dst.read_bytes() == new
         mode = dst.stat().st_mode
         seen, temps = set(), []
         for budget in points:
+            dst.write_bytes(old)
             sig, _ = server.run(budget)
             assert sig == signal.SIGKILL, budget
             got = dst.read_bytes()  # never a partial GGUF under the final name
             assert got in (old, new), f"{budget}: torn output ({len(got)} bytes)"
             seen.add(got == new)
-            dst.write_bytes(old)
-            temps = [p for p in tmp_path.iterdir() if p.name.startswith(".out.gguf.") and p.name.endswith(".tmp")]
+            temps = [p for p in out.iterdir() if p.name != "out.gguf"]
+            assert all(p.name.startswith(".out.gguf.") and p.name.endswith(".tmp") for p in temps)
             if budget is not points[-1]:  # every kill point starts from the same files (the next run's
                 for p in temps:  # sweep would otherwise shift the later points by one operation)
                     p.unlink()
+        print(f"quantize: {len(points)} kill points")
         assert seen == {False, True}  # killed before and after the rename
         assert temps  # the last killed run's temp file...
+        dst.write_bytes(old)
         assert server.run(unlimited())[0] == 0
     finally:
         server.close()
     assert dst.read_bytes() == new and dst.stat().st_mode == mode
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.gguf", "out.gguf"]  # ...swept by the next run
+    assert [p.name for p in out.iterdir()] == ["out.gguf"]  # ...swept by the next run
 
 
 def test_a_failed_quantize_keeps_the_previous_output(tmp_path: Path) -> None:
@@ -167,6 +168,7 @@ def test_kill_during_pull_leaves_old_or_new_and_the_next_pull_resumes(
         resumed += bool(starts - fresh_starts)  # a range that continues where the killed pull stopped
         assert hidden_files(root) == [], budget  # nothing left: partial files became the blob
         reset()
+    print(f"pull ({'ranged' if ranged else 'sequential'}): {len(points)} kill points")
     assert seen == {sha(old), sha(new)}
     print(f"{resumed} of {len(points)} repairs resumed a partial download")
     assert resumed >= 4  # several repairs continued a partial download instead of starting over
@@ -184,9 +186,12 @@ def test_kill_during_cli_create_leaves_old_or_new(tmp_path: Path, ggufs: tuple[P
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """`llmedge create m -f Modelfile` killed anywhere: `m` is the old model with its old defaults or
     the new one with the new defaults; the next create repairs and sweeps."""
-    from llmedge.cli.main import app
+    import typer
+
+    from llmedge.cli.main import app as typer_app
     from llmedge.store import Store, digest_of
 
+    app = typer.main.get_command(typer_app).main  # the CLI, its command tree built once, not per kill point
     root, pristine = tmp_path / "store", tmp_path / "pristine"
     monkeypatch.setenv("LLMEDGE_MODELS", str(root))
     monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "ollama"))
@@ -225,18 +230,28 @@ def test_kill_during_cli_create_leaves_old_or_new(tmp_path: Path, ggufs: tuple[P
         in_child(create, unlimited())  # the next create: new, and the killed one's temp files gone
         assert state() == "new" and hidden_files(root) == [], budget
         assert sorted(e.name for e in Store(root).list()) == sorted(["m:latest"] + ["base:new"] * (how == "from-name"))
+    print(f"cli create ({how}): {len(points)} kill points")
     assert seen == {"old", "new"}
 
 
-def _serve_in_child(root: Path, sock: socket.socket) -> Any:
+def _uvicorn_config() -> Any:
+    """`llmedge serve`'s app under uvicorn, loaded (imports done) in the test process once; each kill
+    point's child then only starts serving it."""
+    import uvicorn
+
+    from llmedge.server.app import config_from_env, create_app
+
+    config = uvicorn.Config(create_app(config_from_env(host="127.0.0.1", backend="numpy")), log_level="error",
+                            lifespan="on")
+    config.load()
+    return config
+
+
+def _serve_in_child(config: Any, sock: socket.socket) -> Any:
     def action() -> None:
         import uvicorn
 
-        from llmedge.server.app import config_from_env, create_app
-
-        os.environ["LLMEDGE_MODELS"] = str(root)
-        config = config_from_env(host="127.0.0.1", port=sock.getsockname()[1], backend="numpy")
-        server = uvicorn.Server(uvicorn.Config(create_app(config), log_level="error", lifespan="on"))
+        server = uvicorn.Server(config)
         # the test's "done, exit" (uvicorn re-raises a SIGTERM it drained, which would end the child
         # before it reports what it did)
         signal.signal(signal.SIGUSR1, lambda *_: setattr(server, "should_exit", True))
@@ -254,12 +269,14 @@ def test_kill_during_http_create_leaves_old_or_new(tmp_path: Path, ggufs: tuple[
     from llmedge.store import Store, digest_of
 
     root, pristine = tmp_path / "store", tmp_path / "pristine"
+    monkeypatch.setenv("LLMEDGE_MODELS", str(root))
     monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "ollama"))
     old_file, new_file = ggufs
     Store(root).create("m:latest", old_file, {"system": "old"})
     shutil.copytree(root, pristine)
     new = new_file.read_bytes()
     holder: dict[str, socket.socket] = {}
+    config = _uvicorn_config()
 
     def client(pid: int) -> None:
         sock = holder.pop("sock")
@@ -280,7 +297,7 @@ def test_kill_during_http_create_leaves_old_or_new(tmp_path: Path, ggufs: tuple[
         sock = socket.create_server(("127.0.0.1", 0))
         holder["sock"] = sock
         try:
-            return in_child(_serve_in_child(root, sock), budget, client)
+            return in_child(_serve_in_child(config, sock), budget, client)
         finally:
             holder.pop("sock", None)
             sock.close()
@@ -298,7 +315,9 @@ def test_kill_during_http_create_leaves_old_or_new(tmp_path: Path, ggufs: tuple[
     shutil.copytree(pristine, root)
     assert state() == "old"
     seen = set()
-    for budget in points_for(usage):
+    points = points_for(usage)
+    print(f"http create: {len(points)} kill points")
+    for budget in points:
         shutil.rmtree(root)
         shutil.copytree(pristine, root)
         assert run(budget)[0] == signal.SIGKILL, budget
