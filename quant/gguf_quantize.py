@@ -208,7 +208,10 @@ def _write(
     a killed or failed run leaves ``dst`` as it was (absent or the previous file), never a partial
     GGUF under the final name; the next run removes the temporary files of killed ones."""
     remove_stale_temps(dst.parent, f".{dst.name}.", ".tmp")
-    fd, tmp = temp_path(dst)
+    try:
+        fd, tmp = temp_path(dst)
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, str(dst)) from None  # named after the output, not its temp file
     try:
         with os.fdopen(fd, "wb") as f:
             size = _write_body(f, header, tensors, types, progress, imatrix_rows)

@@ -110,6 +110,17 @@ def test_a_failed_quantize_keeps_the_previous_output(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.gguf", "out.gguf"]
 
 
+def test_quantize_into_a_missing_folder_is_one_line(tmp_path: Path) -> None:
+    import subprocess
+
+    src = tmp_path / "in.gguf"
+    write_quant_input(src, "f16")
+    r = subprocess.run([sys.executable, "-c", "from llmedge.cli.main import main; main()", "quantize", str(src),
+                        str(tmp_path / "no" / "out.gguf"), "Q8_0", "-q"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1
+    assert r.stderr.strip() == f"Error: {tmp_path / 'no' / 'out.gguf'}: No such file or directory", r.stderr
+
+
 # -- pull ------------------------------------------------------------------------------------------
 @pytest.fixture
 def registry() -> Iterator[FakeRegistry]:
