@@ -174,17 +174,20 @@ def strays(d: Path) -> list[str]:
 
 
 class ForkServer:
-    """A fresh interpreter that runs ``setup`` (Python source) once, then forks one child per budget
-    running ``action`` (source, in setup's namespace). For operations whose libraries make forking
-    the test process itself unsafe (numba's OpenMP layer aborts a child forked after it started):
+    """A fresh interpreter (with ``env`` added to the environment) that runs ``setup`` (Python source)
+    once, then forks one child per budget running ``action`` (source, in setup's namespace). For
+    operations whose libraries read their configuration once per process (huggingface_hub's endpoint)
+    or make forking the test process itself unsafe (numba's OpenMP layer aborts a child forked after it
+    started):
     the server uses numba's fork-safe `workqueue` layer, and its warm JIT code is shared by every
     child, so each kill point costs a fork, not a compile."""
 
-    def __init__(self, setup: str, action: str) -> None:
+    def __init__(self, setup: str, action: str, env: dict[str, str | None] | None = None) -> None:
         import subprocess
         import sys
 
-        env = {**os.environ, "NUMBA_THREADING_LAYER": "workqueue",
+        env = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}  # None: unset
+        env = {**env, "NUMBA_THREADING_LAYER": "workqueue",
                "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
         boot = "import sys, crash_points; crash_points._serve(sys.argv[1], sys.argv[2])"
         self.proc = subprocess.Popen([sys.executable, "-c", boot, setup, action], stdin=subprocess.PIPE,
