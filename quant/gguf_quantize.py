@@ -8,22 +8,27 @@ one tensor at a time), asking :mod:`.mix` for every tensor's type, encoding with
   ``general.quantization_version`` and ``general.file_type``, which are then appended (u32 2 and
   the llama ftype);
 - the tensors ordered like llama.cpp's model loader (block number, then name), each tensor info
-  written with ggml's ``n_dims`` (trailing 1s dropped), data aligned to 32 bytes with zero padding.
+  written with ggml's ``n_dims`` (trailing 1s dropped), data aligned to 32 bytes with zero padding;
+- atomically: the bytes go to a temporary file beside the output, which is fsynced and then renamed
+  over it, so the output path holds the previous file or the complete new one, never a partial GGUF.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import mmap
+import os
 import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 from gguf.constants import GGMLQuantizationType as T
 
+from llmedge.fsutil import fsync_dir, remove_stale_temps, temp_path, umask_mode
 from llmedge.gguf import GGUFFile
 
 from .dequant import dequantize
@@ -199,20 +204,49 @@ def _write(
     progress: Callable | None,
     imatrix_rows: dict[str, np.ndarray],
 ) -> int:
-    with open(dst, "wb") as f:
-        f.write(header + b"\0" * (_pad(len(header)) - len(header)))
-        for i, t in enumerate(tensors):
-            new = types[t.name]
-            if progress is not None:
-                progress(i, len(tensors), t.name, new)
-            start = f.tell()
-            if new == t.ggml_type:
-                f.write(memoryview(np.ascontiguousarray(t.raw)))  # straight from the input mmap
-            else:
-                _encode(t, new, f.write, imatrix_rows.get(t.name))
-            written = f.tell() - start
-            f.write(b"\0" * (_pad(written) - written))
-        return f.tell()
+    """Write the file under a temporary name beside ``dst``, fsync it, then rename it over ``dst``:
+    a killed or failed run leaves ``dst`` as it was (absent or the previous file), never a partial
+    GGUF under the final name; the next run removes the temporary files of killed ones."""
+    remove_stale_temps(dst.parent, f".{dst.name}.", ".tmp")
+    try:
+        fd, tmp = temp_path(dst)
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, str(dst)) from None  # named after the output, not its temp file
+    try:
+        with os.fdopen(fd, "wb") as f:
+            size = _write_body(f, header, tensors, types, progress, imatrix_rows)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, umask_mode())
+        os.replace(tmp, dst)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(dst.parent)
+    return size
+
+
+def _write_body(
+    f: BinaryIO,
+    header: bytes,
+    tensors: list[_Tensor],
+    types: dict[str, T],
+    progress: Callable | None,
+    imatrix_rows: dict[str, np.ndarray],
+) -> int:
+    f.write(header + b"\0" * (_pad(len(header)) - len(header)))
+    for i, t in enumerate(tensors):
+        new = types[t.name]
+        if progress is not None:
+            progress(i, len(tensors), t.name, new)
+        start = f.tell()
+        if new == t.ggml_type:
+            f.write(memoryview(np.ascontiguousarray(t.raw)))  # straight from the input mmap
+        else:
+            _encode(t, new, f.write, imatrix_rows.get(t.name))
+        written = f.tell() - start
+        f.write(b"\0" * (_pad(written) - written))
+    return f.tell()
 
 
 def quantize_gguf(
@@ -273,9 +307,5 @@ def quantize_gguf(
         offset += _pad(_nbytes(types[t.name], t.ne))
     header = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(kvs)) + b"".join(kvs) + b"".join(infos)
     size_in = sum(len(t.raw) for t in tensors)
-    try:
-        size_out = _write(Path(dst), header, tensors, types, progress, rows)
-    except BaseException:
-        Path(dst).unlink(missing_ok=True)
-        raise
+    size_out = _write(Path(dst), header, tensors, types, progress, rows)
     return QuantizeResult(types, size_in, size_out, time.perf_counter() - t0, planner.n_fallback)

@@ -10,117 +10,20 @@ are every operation plus at least 16 byte offsets spread over everything written
 
 from __future__ import annotations
 
-import builtins
 import io
 import json
-import os
 import signal
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from crash_points import in_child as _in_child
+from crash_points import kill_points
+from crash_points import strays as _strays
 
 sys.path.insert(0, str(Path(__file__).parent / "malformed"))
 from gguf_bytes import tiny_model  # noqa: E402
-
-OPS = ("replace", "rename", "link", "fsync", "unlink", "chmod")
-BYTE_POINTS = 16
-
-
-class _Budget:
-    def __init__(self, n_bytes: float, n_ops: float) -> None:
-        self.bytes, self.ops = n_bytes, n_ops
-        self.used_bytes = self.used_ops = 0
-
-
-def _die() -> None:
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-class _KillingFile:
-    def __init__(self, f: Any, budget: _Budget) -> None:
-        self._f, self._budget = f, budget
-
-    def write(self, data: Any) -> int:
-        b = self._budget
-        n = len(data)
-        if b.bytes < n:
-            self._f.write(data[: int(b.bytes)])
-            self._f.flush()
-            _die()
-        b.bytes -= n
-        b.used_bytes += n
-        return self._f.write(data)
-
-    def __enter__(self) -> _KillingFile:
-        self._f.__enter__()
-        return self
-
-    def __exit__(self, *exc: Any) -> Any:
-        return self._f.__exit__(*exc)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._f, name)
-
-
-def _install(budget: _Budget) -> None:
-    real_open, real_fdopen = io.open, os.fdopen
-
-    def opener(real: Callable[..., Any]) -> Callable[..., Any]:
-        def open_(file: Any, mode: str = "r", *args: Any, **kw: Any) -> Any:
-            f = real(file, mode, *args, **kw)
-            return _KillingFile(f, budget) if any(c in mode for c in "wax+") else f
-
-        return open_
-
-    builtins.open = io.open = opener(real_open)  # type: ignore[assignment]
-    os.fdopen = opener(real_fdopen)  # type: ignore[assignment]
-    for name in OPS:
-        real = getattr(os, name)
-
-        def op(*args: Any, _real: Callable[..., Any] = real, **kw: Any) -> Any:
-            if budget.ops <= 0:
-                _die()
-            budget.ops -= 1
-            budget.used_ops += 1
-            return _real(*args, **kw)
-
-        setattr(os, name, op)
-
-
-def _in_child(action: Callable[[], None], budget: _Budget) -> tuple[int, dict[str, int]]:
-    """Fork; the child runs ``action`` under ``budget``; returns (signal or -exit code, usage)."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        code = 0
-        try:
-            os.close(r)
-            _install(budget)
-            action()
-            os.write(w, json.dumps({"bytes": budget.used_bytes, "ops": budget.used_ops}).encode())
-        except BaseException:  # noqa: BLE001
-            code = 3
-        os._exit(code)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        report = f.read()
-    _, status = os.waitpid(pid, 0)
-    usage = json.loads(report) if report else {}
-    return (os.WTERMSIG(status) if os.WIFSIGNALED(status) else -os.WEXITSTATUS(status)), usage
-
-
-def kill_points(action: Callable[[], None]) -> list[_Budget]:
-    """A full run's totals, then one budget per operation and per byte offset."""
-    sig, usage = _in_child(action, _Budget(float("inf"), float("inf")))
-    assert sig == 0 and usage, "the unkilled run failed"
-    points = [_Budget(float("inf"), k) for k in range(usage["ops"])]
-    total, n = usage["bytes"], max(BYTE_POINTS, 24 - len(points))
-    points += [_Budget(total * i // n + 1, float("inf")) for i in range(n)]
-    assert len(points) >= 20
-    return points
 
 
 @pytest.fixture(scope="module")
@@ -129,10 +32,6 @@ def tiny(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
 
     path = tiny_model().write(tmp_path_factory.mktemp("crash") / "tiny.gguf")
     return Model(path, backend="numpy", n_ctx=128)
-
-
-def _strays(d: Path) -> list[str]:
-    return sorted(p.name for p in d.iterdir() if p.name.startswith("."))
 
 
 def test_kill_during_state_save_leaves_old_or_new(tiny: Any, tmp_path: Path) -> None:
@@ -224,9 +123,43 @@ def test_kill_during_store_import_leaves_old_or_new(tmp_path: Path) -> None:
         if digest == new_digest:
             Store(root).create("m:latest", old_file)
     assert seen == {old_digest, new_digest}
-    create()
-    assert digest_of(Store(root).resolve("m:latest")) == new_digest
     leftovers = [p for p in root.rglob("*") if p.is_file() and p.name.startswith(".")]
-    print("left by killed imports:", sorted({p.parent.name + "/" + p.name[:9] for p in leftovers}))
     assert all(p.name.startswith((".partial-", ".tmp-")) for p in leftovers)  # only recognizable temp files
+    assert any(p.name.endswith(".json") for p in leftovers)  # a killed manifest write's temp file
     assert [e.name for e in Store(root).list()] == ["m:latest"]  # and none of them shows up as a model
+    create()  # the next import repairs: the killed imports' temp files (blobs and manifests) are swept
+    assert digest_of(Store(root).resolve("m:latest")) == new_digest
+    assert [p.name for p in root.rglob("*") if p.name.startswith(".")] == []
+
+
+def test_sweep_keeps_live_writers_and_resumable_pulls(tmp_path: Path) -> None:
+    import os
+
+    from llmedge.store import Store
+
+    store = Store(tmp_path / "store", catalog={}, ollama_root=tmp_path / "ollama")
+    store._ensure_dirs()
+    dead = _dead_pid()
+    mine = os.getpid()
+    folder = store.manifests_dir / "registry.ollama.ai" / "library" / "m"
+    folder.mkdir(parents=True)
+    names = {
+        store.blobs_dir / f".partial-{dead}-abc": False,  # a killed import's blob: swept
+        store.blobs_dir / f".partial-{dead}-upload-0123-9": False,  # a killed upload: swept
+        store.blobs_dir / f".partial-{mine}-abc": True,  # a live import (this process): kept
+        store.blobs_dir / f".partial-sha256-{'a' * 64}": True,  # a pull to resume: kept
+        folder / f".tmp-{dead}-xyz.json": False,  # a killed manifest write: swept
+        folder / f".tmp-{mine}-xyz.json": True,
+    }
+    for p in names:
+        p.write_bytes(b"x")
+    assert store.sweep() == 3
+    assert {p: p.exists() for p in names} == names
+
+
+def _dead_pid() -> int:
+    import subprocess
+
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid

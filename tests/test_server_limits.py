@@ -80,6 +80,8 @@ def test_num_predict(url: str) -> None:
     assert_400(gen(url, options={"num_predict": -3}), "num_predict=-3 is out of range")
     assert_400(gen(url, options={"num_predict": 10**12}), "out of range")
     assert_400(gen(url, options={"num_predict": "ten"}), "num_predict must be a number")
+    assert_400(gen(url, options={"num_predict": True}), "num_predict must be a number, not bool")
+    assert_400(gen(url, options={"num_predict": 2.5}), "num_predict must be an integer")
     assert_400(gen(url, "/v1/completions", prompt="x", max_tokens=10**12), "out of range")
     r = gen(url, options={"num_predict": -1, "num_ctx": 32})
     assert r.status_code == 200 and r.json()["eval_count"] >= 1
@@ -89,6 +91,8 @@ def test_num_ctx(url: str) -> None:
     assert_400(gen(url, options={"num_ctx": -1}), "num_ctx=-1 is out of range")
     assert_400(gen(url, options={"num_ctx": 10**12}), "out of range")
     assert_400(gen(url, options={"num_ctx": "4096"}), "num_ctx must be a number")
+    assert_400(gen(url, options={"num_ctx": 64.5}), "num_ctx must be an integer")
+    assert_400(gen(url, "/api/embed", input="x", options={"num_ctx": 0}), "num_ctx=0 is out of range")
     assert gen(url, options={"num_ctx": 64, "num_predict": 1}).status_code == 200
 
 
@@ -97,6 +101,9 @@ def test_number_of_messages(url: str) -> None:
     assert_400(gen(url, "/api/chat", messages=many), "too many messages")
     assert_400(gen(url, "/v1/chat/completions", messages=many), "too many messages")
     assert_400(gen(url, "/api/chat", messages="hi"), "messages must be an array")
+    assert_400(gen(url, "/api/chat", messages=[5]), "messages[0] must be an object")
+    assert_400(gen(url, "/api/chat", messages=[{"role": "user", "content": 5}]), "messages[0].content must be")
+    assert_400(gen(url, "/v1/chat/completions", messages=[{"role": 5, "content": "x"}]), "messages[0].role")
     assert_400(gen(url, "/v1/chat/completions", messages=[]), "non-empty")
     assert_400(gen(url, "/api/embed", input=["x"] * (limits.MAX_INPUTS + 1)), "too many inputs")
 
@@ -105,6 +112,8 @@ def test_image_fields(url: str) -> None:
     assert_400(gen(url, images="aGk="), "images must be an array of base64 strings")
     assert_400(gen(url, images=[1, 2]), "images must be an array of base64 strings")
     assert_400(gen(url, images=["aGk="]), "does not support images")
+    assert_400(gen(url, images=["aGk="] * 20000), "does not support images")  # many: refused before decoding
+    assert_400(gen(url, images=["aGk="] * 10 + [None]), "images must be an array of base64 strings")
     assert_400(gen(url, "/api/chat", messages=[{"role": "user", "content": "x", "images": {"a": 1}}]),
                "messages[0].images must be an array")
     assert gen(url, images=[], options={"num_predict": 1}).status_code == 200
@@ -125,11 +134,33 @@ def test_keep_alive(url: str) -> None:
                                         ("top_p", 1.5), ("top_p", -0.1), ("min_p", 2), ("top_k", -1),
                                         ("top_k", 10**12), ("repeat_penalty", -2), ("repeat_last_n", -5),
                                         ("presence_penalty", 1e6), ("seed", "x"), ("num_keep", -9),
-                                        ("stop", 5), ("stop", ["x"] * 100)])
+                                        ("stop", 5), ("stop", ["x"] * 100), ("stop", "x" * 2000),
+                                        # accepted without effect, but type-checked as Ollama does
+                                        ("num_thread", "x"), ("num_batch", True), ("num_gpu", 1.5),
+                                        ("mirostat", "2"), ("mirostat_tau", "x"), ("tfs_z", [1]),
+                                        ("penalize_newline", "x"), ("use_mmap", 1)])
 def test_option_values(url: str, option: str, bad: Any) -> None:
     r = gen(url, options={option: bad})
     assert r.status_code == 400, (option, bad, r.text)
     assert option in r.json()["error"]
+
+
+def test_inert_options_take_any_number_and_change_nothing(url: str) -> None:
+    """num_thread, num_batch, num_gpu and mirostat have no effect here: a negative or huge value is
+    accepted (as Ollama accepts it) and starts no threads, allocates nothing."""
+    import threading
+
+    before = threading.active_count()
+    for value in (-1, 10**9):
+        r = gen(url, options={"num_thread": value, "num_batch": value, "num_gpu": value, "mirostat": value,
+                              "mirostat_tau": float(value), "num_predict": 1})
+        assert r.status_code == 200, (value, r.text)
+    assert threading.active_count() <= before + 2
+
+
+def test_null_options_keep_their_defaults(url: str) -> None:
+    r = gen(url, options={"num_predict": None, "num_ctx": None, "temperature": None}, raw=True)
+    assert r.status_code == 200 and r.json()["eval_count"] >= 1
 
 
 def test_openai_sampling_values(url: str) -> None:

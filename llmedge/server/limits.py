@@ -77,6 +77,46 @@ def check_request(body: dict[str, Any]) -> None:
         raise HTTPError(400, f"too many inputs: {len(inputs)} (at most {MAX_INPUTS})")
     for holder in (body, body.get("options") if isinstance(body.get("options"), dict) else {}):
         stop = holder.get("stop")
+        if isinstance(stop, str):
+            stop = [stop]
         if isinstance(stop, list) and (len(stop) > MAX_STOP or any(
                 isinstance(s, str) and len(s) > MAX_STOP_CHARS for s in stop)):
             raise HTTPError(400, f"stop holds at most {MAX_STOP} strings of at most {MAX_STOP_CHARS} characters")
+    options = body.get("options")
+    if isinstance(options, dict):
+        for key, value in options.items():
+            check_inert_type(key, value)
+
+
+# options accepted for compatibility without effect (hardware and runner knobs, mirostat): their
+# values are not used, but their types are checked as Ollama checks them
+INERT_TYPES: dict[str, str] = {
+    **dict.fromkeys(("num_gpu", "main_gpu", "num_thread", "num_batch", "mirostat"), "integer"),
+    **dict.fromkeys(("mirostat_tau", "mirostat_eta", "tfs_z"), "number"),
+    **dict.fromkeys(("use_mmap", "use_mlock", "numa", "low_vram", "f16_kv", "vocab_only", "penalize_newline",
+                     "logits_all", "embedding_only"), "boolean"),
+}
+
+
+def check_inert_type(name: str, value: Any) -> None:
+    """HTTPError 400 when an option in INERT_TYPES has a value of the wrong type (null: unset)."""
+    kind = INERT_TYPES.get(name)
+    if kind is None or value is None:
+        return
+    if kind == "boolean":
+        ok = isinstance(value, bool)
+    else:
+        ok = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value) and (
+            kind == "number" or float(value).is_integer())
+    if not ok:
+        got = json_type(value)
+        raise HTTPError(400, f"option {name} must be {'an' if kind == 'integer' else 'a'} {kind}"
+                             + ("" if got == "number" else f", not {got}"))
+
+
+def json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    return {str: "string", list: "array", dict: "object"}.get(type(value), type(value).__name__)

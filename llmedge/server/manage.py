@@ -107,15 +107,19 @@ async def receive_blob(digest: str, chunks: AsyncIterator[bytes]) -> bool:
             pass
         return False
     store.blobs_dir.mkdir(parents=True, exist_ok=True)
-    tmp = store.blobs_dir / f".partial-upload-{hexd}-{os.getpid()}-{id(chunks)}"
+    store.sweep()  # what uploads cut by a kill left
+    tmp = store.blobs_dir / f".partial-{os.getpid()}-upload-{hexd[:16]}-{id(chunks)}"  # swept once we are dead
     h = hashlib.sha256()
     try:
         with open(tmp, "wb") as out:
             async for chunk in chunks:
                 h.update(chunk)
                 out.write(chunk)
+            out.flush()
+            os.fsync(out.fileno())
         if h.hexdigest() != hexd:
             raise HTTPError(400, f"digest mismatch: the upload's sha256 is {h.hexdigest()}")
+        os.chmod(tmp, 0o644)
         os.replace(tmp, blob)
     finally:
         tmp.unlink(missing_ok=True)
