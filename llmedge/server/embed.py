@@ -29,8 +29,8 @@ def hidden_states(model: Any, ids: Sequence[int]) -> np.ndarray:
 
 def embed_text(model: Any, text: str | Sequence[int], truncate: bool = True) -> tuple[list[float], int]:
     """The mean-pooled, L2-normalized embedding of ``text`` (or token ids) and how many tokens it took."""
+    from llmedge.server.errors import ContextTooLong
     from llmedge.server.scheduler import ids_in_range
-    from llmedge.server.security import HTTPError
 
     if isinstance(text, str):
         ids = model.tokenize(text, add_bos=model.tokenizer.add_bos, special=False)
@@ -41,7 +41,7 @@ def embed_text(model: Any, text: str | Sequence[int], truncate: bool = True) -> 
         ids = [model.tokenizer.bos_id or 0]
     if len(ids) > model.n_ctx:
         if not truncate:
-            raise HTTPError(400, f"the input has {len(ids)} tokens, more than the context of {model.n_ctx}")
+            raise ContextTooLong(f"the input has {len(ids)} tokens, more than the context of {model.n_ctx}")
         ids = ids[: model.n_ctx]
     h = hidden_states(model, ids).astype(np.float64)
     v = h.mean(axis=0)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import os
 import queue
 import threading
 import time
@@ -31,12 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from llmedge.errors import LlmedgeError, StoreError
-from llmedge.server.security import HTTPError
+from llmedge.errors import ModelNotFoundError, StoreError
+from llmedge.server.config import DEFAULT_KEEP_ALIVE, DEFAULT_MAX_CTX, DEFAULT_NUM_CTX
+from llmedge.server.errors import BadOption, BadRequest, ModelNotFound, QueueFull, ShuttingDown
 
-DEFAULT_KEEP_ALIVE = 300.0
-DEFAULT_NUM_CTX = 4096
-DEFAULT_MAX_CTX = 131072
 PROMPT_ROWS_WHILE_DECODING = 128  # more prompt rows in a step than the first chunk, while others decode
 
 
@@ -74,10 +71,10 @@ class GenTask(Protocol):
     """A generation request's two halves around the engine: prepare (on the engine thread, with the
     model loaded) a :class:`GenRequest` or an immediate result, and build the result once done."""
 
-    def prepare(self, job: Job, loaded: Loaded) -> GenRequest | dict[str, Any]: ...
+    def prepare(self, job: Job, loaded: Loaded) -> GenRequest | Any: ...
 
     def result(self, job: Job, loaded: Loaded, request: GenRequest, gen: Any,
-               out_ids: list[int]) -> dict[str, Any]: ...
+               out_ids: list[int]) -> Any: ...
 
 
 class Job:
@@ -163,14 +160,14 @@ class Scheduler:
         return max(0, self.pending - self.busy)
 
     def submit(self, job: Job) -> Job:
-        """Queue ``job``; HTTPError 503 when the slots and the queue are full or the server is stopping."""
+        """Queue ``job``; QueueFull (or ShuttingDown) when the slots and the queue are full or the server is stopping."""
         with self.lock:
             if self._stopping:
-                raise HTTPError(503, "the server is shutting down", headers={"Retry-After": "5"})
+                raise ShuttingDown()
             if self.pending >= self.parallel + self.max_queue:
                 self.stats["rejected"] += 1
-                raise HTTPError(503, f"server busy: {self.pending} requests in progress or queued "
-                                     f"(LLMEDGE_MAX_QUEUE={self.max_queue})", headers={"Retry-After": "1"})
+                raise QueueFull(f"server busy: {self.pending} requests in progress or queued "
+                                f"(LLMEDGE_MAX_QUEUE={self.max_queue})")
             self.pending += 1
         self._jobs.put(job)
         return job
@@ -186,31 +183,30 @@ class Scheduler:
 
     # -- models ----------------------------------------------------------------------------------
     def resolve(self, name: Any) -> tuple[str, Path]:
-        """``(key, path)`` for a store name; HTTPError 400 for paths and invalid names, 404 when absent."""
+        """``(key, path)`` for a store name; BadRequest for paths and invalid names, ModelNotFound when absent."""
         from llmedge.store import Store, looks_like_path, normalize_name
 
         if not isinstance(name, str) or not name.strip():
-            raise HTTPError(400, "model is required")
+            raise BadRequest("model is required")
+        if looks_like_path(name):  # a client must not make the server open files of its choosing
+            raise BadRequest(f"invalid model name {name[:100]!r}: use a name from the store")
         try:
-            if looks_like_path(name):  # a client must not make the server open files of its choosing
-                raise HTTPError(400, f"invalid model name {name[:100]!r}: use a name from the store")
             key = normalize_name(name)
             return key, Store().resolve(name, pull=False)
+        except ModelNotFoundError:
+            raise ModelNotFound(name) from None
         except StoreError as e:
-            msg = str(e)
-            if "invalid model name" in msg:
-                raise HTTPError(400, msg) from None
-            raise HTTPError(404, f"model '{name}' not found") from None
+            raise BadRequest(str(e)) from None
 
     def check_ctx(self, num_ctx: Any) -> int | None:
         if num_ctx is None:
             return None
         if isinstance(num_ctx, bool) or not isinstance(num_ctx, int | float) or not math.isfinite(num_ctx) \
                 or int(num_ctx) != num_ctx:
-            raise HTTPError(400, "option num_ctx must be an integer")
+            raise BadOption("option num_ctx must be an integer")
         n = int(num_ctx)
         if n < 8 or n > self.max_ctx:
-            raise HTTPError(400, f"option num_ctx={n} is out of range (8..{self.max_ctx}, LLMEDGE_MAX_CTX)")
+            raise BadOption(f"option num_ctx={n} is out of range (8..{self.max_ctx}, LLMEDGE_MAX_CTX)")
         return n
 
     def ps(self) -> list[Loaded]:
@@ -317,7 +313,7 @@ class Scheduler:
             if job.cancelled.is_set():
                 self._end(job, ("error", Cancelled()), cancelled=True)
             elif self._stopping:
-                self._end(job, ("error", HTTPError(503, "the server is shutting down")))
+                self._end(job, ("error", ShuttingDown()))
             elif job.name is not None and (job.name in blocked or not self._can_ensure(job)):
                 keep.append(job)
                 blocked.add(job.name)
@@ -341,7 +337,7 @@ class Scheduler:
             loaded = self._ensure(job)
             job.started = True
             request = job.task.prepare(job, loaded)
-            if isinstance(request, dict):
+            if not isinstance(request, GenRequest):  # answered without generating (a load, an unload)
                 self._set_expiry(loaded, job.keep_alive)
                 self._end(job, ("done", request))
                 return True
@@ -444,7 +440,7 @@ class Scheduler:
         for a in list(self._active):
             self._finish(a, Cancelled())
         for job in self._waiting:
-            self._end(job, ("error", HTTPError(503, "the server is shutting down")))
+            self._end(job, ("error", ShuttingDown()))
         self._waiting = []
         while True:
             try:
@@ -452,7 +448,7 @@ class Scheduler:
             except queue.Empty:
                 return
             if job is not None:
-                self._end(job, ("error", HTTPError(503, "the server is shutting down")))
+                self._end(job, ("error", ShuttingDown()))
 
 
 def _apply_defaults(model: Any, name: str) -> None:
@@ -477,16 +473,6 @@ def _short_digest(path: Path) -> str:
     return "sha256:" + hashlib.sha256(f"{path}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()
 
 
-def env_int(name: str, default: int) -> int:
-    v = os.environ.get(name)
-    if v is None or not v.strip():
-        return default
-    try:
-        return int(v)
-    except ValueError:
-        raise LlmedgeError(f"{name}={v!r} is not an integer") from None
-
-
 def count_tokens(stats: dict[str, int], prompt: int, generated: int, prompt_ns: int, eval_ns: int) -> None:
     stats["prompt_tokens"] += prompt
     stats["generated_tokens"] += generated
@@ -497,4 +483,4 @@ def count_tokens(stats: dict[str, int], prompt: int, generated: int, prompt_ns: 
 def ids_in_range(ids: Sequence[int], n_vocab: int) -> None:
     for t in ids:
         if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < n_vocab:
-            raise HTTPError(400, f"token id {t!r} is out of range for a vocabulary of {n_vocab}")
+            raise BadRequest(f"token id {t!r} is out of range for a vocabulary of {n_vocab}")
