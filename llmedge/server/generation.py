@@ -216,6 +216,7 @@ class OutputParser:
         self.think = think
         self.in_think = in_think
         self.may_open = think and not in_think  # a <think> may still open the reply
+        self.after_close = False
         self.tools = tools
         self.parallel = parallel
         self.n_calls = 0
@@ -239,11 +240,14 @@ class OutputParser:
                 i = buf.find(THINK_CLOSE)
                 if i >= 0:
                     thinking += buf[:i]
-                    buf, self.in_think = buf[i + len(THINK_CLOSE):].lstrip("\n"), False
+                    buf, self.in_think, self.after_close = buf[i + len(THINK_CLOSE):], False, True
                     continue
                 keep = 0 if final else _tail_prefix(buf, THINK_CLOSE)
                 thinking, self.held = thinking + buf[:len(buf) - keep], buf[len(buf) - keep:]
                 return thinking, content
+            if self.after_close:  # the blank lines after </think> belong to neither
+                buf = buf.lstrip()
+                self.after_close = not buf
             content += buf
             buf = ""
         return thinking, content
