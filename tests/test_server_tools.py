@@ -190,3 +190,12 @@ def test_think_splits_reasoning_from_content_and_refuses_models_without_it(url: 
     assert e.value.status_code == 400 and e.value.error == f'"{MODEL}" does not support thinking'
     with pytest.raises(openai.BadRequestError):
         oai(url).chat.completions.create(model=MODEL, messages=ASK, max_tokens=4, reasoning_effort="low")
+
+
+def test_show_lists_tools_and_thinking_when_the_template_has_them(url: str) -> None:
+    import ollama
+
+    client = ollama.Client(host=url)
+    assert client.show(TOOLS_MODEL).capabilities == ["completion", "tools", "embedding"]
+    assert client.show(THINK_MODEL).capabilities == ["completion", "thinking", "embedding"]
+    assert client.show(MODEL).capabilities == ["completion", "embedding"]

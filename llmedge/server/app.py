@@ -23,11 +23,11 @@ from llmedge.server import errors, limits
 from llmedge.server import ollama as ol
 from llmedge.server import openai as oa
 from llmedge.server.config import ServerConfig, config_from_env  # noqa: F401 - the server's entry points
-from llmedge.server.embed import embed_text
+from llmedge.server.embed import embed_text, parse_dimensions, shorten
 from llmedge.server.errors import BadRequest, HTTPError, ModelNotFound
 from llmedge.server.generation import GenerationRenderer, GenerationRequest, GenerationTask
 from llmedge.server.metrics import Metrics
-from llmedge.server.scheduler import Cancelled, Job, Loaded, Scheduler
+from llmedge.server.scheduler import Cancelled, Job, Loaded, Scheduler, ids_in_range
 from llmedge.server.security import (
     BodyTooLarge,
     SecurityMiddleware,
@@ -101,10 +101,12 @@ class Server:
 
         return endpoint
 
-    def describe(self, path: Path) -> dict[str, Any]:
-        key = str(path)
+    def describe(self, path: Path, verbose: bool = False) -> dict[str, Any]:
+        key = f"{path}:{verbose}"
         if key not in self._describe_cache:
-            self._describe_cache[key] = ol.describe_gguf(path)
+            if len(self._describe_cache) > 64:
+                self._describe_cache.clear()
+            self._describe_cache[key] = ol.describe_gguf(path, verbose)
         return self._describe_cache[key]
 
     # -- shared request parsing ------------------------------------------------------------------
@@ -171,17 +173,22 @@ class Server:
         body = await self.body(request)
         name, key, path = self.model_of(body)
 
+        verbose = ol.flag(body, "verbose", False)
+
         def work(job: Job, _: Any) -> dict[str, Any]:
             from llmedge.server.manage import show_fields
 
-            info = self.describe(path)
-            return {
+            info = self.describe(path, verbose)
+            out = {
                 **show_fields(name, path, info.get("template", "")),
                 "details": ol.model_details(info),
                 "model_info": info.get("model_info", {}),
-                "capabilities": ["completion", "embedding"],
+                "capabilities": ol.capabilities(name, path, info),
                 "modified_at": ol.rfc3339(path.stat().st_mtime),
             }
+            if verbose:
+                out["tensors"] = info["tensors"]
+            return out
 
         _, out = await collect(request, self.in_thread(work))
         return JSONResponse(out)
@@ -296,14 +303,14 @@ class Server:
         return Response(status_code=201 if created else 200)
 
     def embed_job(self, key: str, path: Path, inputs: list[Any], truncate: bool, num_ctx: int | None,
-                  keep_alive: Any) -> Job:
+                  keep_alive: Any, dims: int | None = None) -> Job:
         def work(job: Job, loaded: Loaded | None) -> dict[str, Any]:
             assert loaded is not None
             out, n_tokens = [], 0
-            for text in inputs:
+            for text in inputs:  # each alone, in a fresh cache: a batch equals its inputs embedded one by one
                 job.check()
                 vec, n = embed_text(loaded.model, text, truncate)
-                out.append(vec)
+                out.append(shorten(vec, dims))
                 n_tokens += n
             self.sched.stats["prompt_tokens"] += n_tokens
             return {"embeddings": out, "n_tokens": n_tokens, "load_duration": job.load_duration,
@@ -322,12 +329,52 @@ class Server:
             raise BadRequest("input must be a string or a non-empty array of strings")
         opts = ol.parse_options(body.get("options"))
         job = self.embed_job(key, path, inputs, ol.flag(body, "truncate", True),
-                             self.sched.check_ctx(opts["num_ctx"]), ol.parse_keep_alive(body.get("keep_alive")))
+                             self.sched.check_ctx(opts["num_ctx"]), ol.parse_keep_alive(body.get("keep_alive")),
+                             parse_dimensions(body.get("dimensions")))
         _, r = await collect(request, job)
         if legacy:
             return JSONResponse({"embedding": r["embeddings"][0] if r["embeddings"] else []})
         return JSONResponse({"model": name, "embeddings": r["embeddings"], "total_duration": r["total_duration"],
                              "load_duration": r["load_duration"], "prompt_eval_count": r["n_tokens"]})
+
+    async def tokenize(self, request: Request) -> Response:
+        """``{"model", "content"}`` -> ``{"tokens"}``: the ids the model reads (special tokens parsed, no BOS
+        unless ``add_special``), as llama.cpp's /tokenize."""
+        body = await self.body(request)
+        name, key, path = self.model_of(body)
+        text = body.get("content", body.get("text", body.get("prompt")))
+        if not isinstance(text, str):
+            raise BadRequest("content must be a string")
+        add_special = ol.flag(body, "add_special", False)
+
+        ids = await self.with_model(request, body, key, path,
+                                    lambda model: model.tokenize(text, add_bos=add_special, special=True))
+        return JSONResponse({"model": name, "tokens": ids})
+
+    async def detokenize(self, request: Request) -> Response:
+        """``{"model", "tokens"}`` -> ``{"content"}``: the text of token ids."""
+        body = await self.body(request)
+        name, key, path = self.model_of(body)
+        ids = body.get("tokens")
+        if not isinstance(ids, list) or any(isinstance(t, bool) or not isinstance(t, int) for t in ids):
+            raise BadRequest("tokens must be an array of token ids")
+        limits.check_request({"context": ids})
+
+        def text(model: Any) -> str:
+            ids_in_range(ids, model.params.n_vocab)
+            return model.detokenize(ids)
+
+        return JSONResponse({"model": name, "content": await self.with_model(request, body, key, path, text)})
+
+    async def with_model(self, request: Request, body: dict[str, Any], key: str, path: Path,
+                         fn: Callable[[Any], Any]) -> Any:
+        """``fn(model)`` on the engine thread between two steps, the model loaded (keep_alive honoured)."""
+        def work(job: Job, loaded: Loaded | None) -> Any:
+            assert loaded is not None
+            return fn(loaded.model)
+
+        _, out = await collect(request, self.submit(work, key, path, None, ol.parse_keep_alive(body.get("keep_alive"))))
+        return out
 
     # -- OpenAI ----------------------------------------------------------------------------------
     async def v1_embeddings(self, request: Request) -> Response:
@@ -351,18 +398,11 @@ class Server:
         fmt = body.get("encoding_format") or "float"
         if fmt not in ("float", "base64"):
             raise BadRequest("encoding_format must be 'float' or 'base64'")
-        dims = body.get("dimensions")
-        if dims is not None:
-            dims = int(ol.number(dims, "dimensions", int))
-            if dims <= 0:
-                raise BadRequest("dimensions must be positive")
-        _, r = await collect(request, self.embed_job(key, path, inputs, True, None, "default"))
+        dims = parse_dimensions(body.get("dimensions"))
+        _, r = await collect(request, self.embed_job(key, path, inputs, True, None, "default", dims))
         data = []
         for i, vec in enumerate(r["embeddings"]):
             v = np.asarray(vec, dtype=np.float32)
-            if dims is not None and dims < len(v):
-                v = v[:dims]
-                v = v / max(float(np.linalg.norm(v)), 1e-12)
             emb: Any = base64.b64encode(v.astype("<f4").tobytes()).decode() if fmt == "base64" else v.tolist()
             data.append({"object": "embedding", "embedding": emb, "index": i})
         return JSONResponse({"object": "list", "data": data, "model": name,
@@ -393,6 +433,8 @@ class Server:
             Route("/api/embed", h(self.embed), methods=["POST"]),
             Route("/api/embeddings", h(self.embed), methods=["POST"]),
             Route("/v1/embeddings", h(self.v1_embeddings), methods=["POST"]),
+            Route("/api/tokenize", h(self.tokenize), methods=["POST"]),
+            Route("/api/detokenize", h(self.detokenize), methods=["POST"]),
             Route("/api/tags", h(self.tags), methods=["GET"]),
             Route("/api/show", h(self.show), methods=["POST"]),
             Route("/api/ps", h(self.ps), methods=["GET"]),

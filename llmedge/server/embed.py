@@ -49,3 +49,25 @@ def embed_text(model: Any, text: str | Sequence[int], truncate: bool = True) -> 
     if norm > 0:
         v = v / norm
     return [float(x) for x in v], len(ids)
+
+
+def parse_dimensions(value: Any) -> int | None:
+    """``dimensions``: keep the first N components (then L2-normalize again), as OpenAI's and Ollama's do."""
+    from llmedge.server.errors import BadRequest
+    from llmedge.server.ollama import number
+
+    if value is None:
+        return None
+    n = int(number(value, "dimensions", int))
+    if n <= 0:
+        raise BadRequest("dimensions must be positive")
+    return n
+
+
+def shorten(vec: list[float], dims: int | None) -> list[float]:
+    """``vec`` cut to ``dims`` components and normalized again (unchanged when it is not longer)."""
+    if dims is None or dims >= len(vec):
+        return vec
+    v = np.asarray(vec[:dims], dtype=np.float64)
+    v = v / max(float(np.linalg.norm(v)), 1e-12)
+    return [float(x) for x in v]

@@ -338,10 +338,10 @@ def model_details(info: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def describe_gguf(path: Any) -> dict[str, Any]:
-    """Family, parameter count, quantization, context length and the scalar metadata of a GGUF file."""
-    from collections import Counter
-
+def describe_gguf(path: Any, verbose: bool = False) -> dict[str, Any]:
+    """Family, parameter count, quantization (the file type), context length and the metadata of a GGUF
+    file under its own key names, as Ollama's ``model_info`` shows them: arrays of more than 64 items
+    are null unless ``verbose`` (which also lists the tensors)."""
     from llmedge.gguf import GGUFFile
     from llmedge.modelcheck import check_model_file
 
@@ -349,14 +349,12 @@ def describe_gguf(path: Any) -> dict[str, Any]:
     check_model_file(g)
     arch = g.architecture
     n_params = sum(t.n_elements for t in g.tensors.values())
-    types = Counter(t.type_name for t in g.tensors.values())
-    quant = max((t for t in types if t not in ("F32",)), key=lambda t: types[t], default="F32")
     meta: dict[str, Any] = {}
     for k, v in g.metadata.items():
         if hasattr(v, "tolist"):
             v = v.tolist()
         if isinstance(v, list | tuple):
-            meta[k] = list(v) if len(v) <= 64 else None
+            meta[k] = list(v) if verbose or len(v) <= 64 else None
         elif isinstance(v, bytes):
             continue
         elif k != "tokenizer.chat_template":
@@ -365,7 +363,33 @@ def describe_gguf(path: Any) -> dict[str, Any]:
     size = f"{n_params / 1e9:.1f}B" if n_params >= 1e9 else f"{n_params / 1e6:.0f}M"
     ctx = g.metadata.get(f"{arch}.context_length")
     template = g.metadata.get("tokenizer.chat_template") or ""
-    return {"family": arch, "parameter_size": size, "quantization_level": quant, "model_info": meta,
-            "context_length": int(ctx) if ctx is not None else None,
-            "template": template if isinstance(template, str) else "",
-            "embedding_length": g.metadata.get(f"{arch}.embedding_length")}
+    out = {"family": arch, "parameter_size": size, "quantization_level": g.file_type, "model_info": meta,
+           "context_length": int(ctx) if ctx is not None else None,
+           "template": template if isinstance(template, str) else "",
+           "embedding_length": g.metadata.get(f"{arch}.embedding_length")}
+    if verbose:
+        out["tensors"] = [{"name": t.name, "type": t.type_name, "shape": [int(d) for d in t.dims]}
+                          for t in g.tensors.values()]
+    return out
+
+
+def capabilities(name: str, path: Any, info: dict[str, Any]) -> list[str]:
+    """What /api/show lists: completion, tools and thinking when the model's chat template (its
+    TEMPLATE, else the GGUF's) supports them, embedding (the server embeds with any model)."""
+    from types import SimpleNamespace
+
+    from llmedge.defaults import template_choice
+    from llmedge.server.generation import supports_thinking
+    from llmedge.server.tools import supports_tools
+    from llmedge.store import Store
+    from llmedge.template import ChatTemplate, fallback_template
+
+    source = info.get("template") or fallback_template(info.get("family", ""))[1]
+    gguf = ChatTemplate(source)
+    template, _ = template_choice(Store().config(name), SimpleNamespace(template=gguf, tokenizer=None))
+    caps = ["completion"]
+    if supports_tools(template):
+        caps.append("tools")
+    if supports_thinking(template):
+        caps.append("thinking")
+    return [*caps, "embedding"]

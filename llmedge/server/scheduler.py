@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import math
 import queue
 import threading
@@ -49,11 +50,24 @@ class Loaded:
     model: Any
     path: Path
     num_ctx: int
-    size: int
     digest: str
+    parallel: int = 1
     expires_at: float | None = None
     last_used: float = field(default_factory=time.time)
     active: int = 0  # sequences running on it
+
+    held: int = 0  # anonymous memory the load and the first forward added (measured; 0 where unknown)
+    stepped: bool = False
+
+    @property
+    def size(self) -> int:
+        """Bytes the process holds for the model: the mapped weights, plus what loading it and its first
+        forward added (tokenizer, prepared weights, every slot's KV cache, committed at load, buffers)
+        where the OS says (Linux), else the slots' caches; plus the cached prefixes and scratch."""
+        engine = self.model.engine
+        pool = engine.slot_pool(self.parallel)
+        scratch = sum(c.scratch_bytes for c in pool.caches if c is not None)
+        return self.path.stat().st_size + max(self.held, pool.nbytes) + engine.prefix_cache.nbytes + scratch
 
 
 @dataclass
@@ -152,6 +166,7 @@ class Scheduler:
                       "jobs": 0, "rejected": 0, "cancelled": 0}
         self._thread = threading.Thread(target=self._run, name="llmedge-engine", daemon=True)
         self._stopping = False
+        self._freed = False
         self._thread.start()
 
     # -- admission -------------------------------------------------------------------------------
@@ -242,11 +257,13 @@ class Scheduler:
                 idle = [m for m in self.loaded.values() if m.active == 0] or list(self.loaded.values())
                 self._unload(min(idle, key=lambda m: m.last_used).name)
             t0 = time.perf_counter_ns()
+            anon0 = anon_rss()
             model = Model(job.path, backend=self.backend, n_ctx=want_ctx, n_threads=self.n_threads,
                           name=job.name)
+            _commit_slots(model, self.parallel)
             job.load_duration = time.perf_counter_ns() - t0
-            size = job.path.stat().st_size + model.cache_bytes
-            cur = Loaded(job.name, model, job.path, model.n_ctx, size, _short_digest(job.path))
+            cur = Loaded(job.name, model, job.path, model.n_ctx, _short_digest(job.path), self.parallel,
+                         held=max(0, anon_rss() - anon0))
             with self.lock:
                 self.loaded[job.name] = cur
         _apply_defaults(cur.model, job.name)
@@ -255,14 +272,17 @@ class Scheduler:
 
     def _unload(self, name: str) -> None:
         with self.lock:
-            self.loaded.pop(name, None)
+            gone = self.loaded.pop(name, None)
+        if gone is not None:
+            self._freed = True  # collected once the engine thread's frames let go of it
 
     def _expire(self) -> None:
         now = time.time()
         with self.lock:
-            for name in [n for n, m in self.loaded.items()
-                         if m.expires_at is not None and m.expires_at <= now and m.active == 0]:
-                del self.loaded[name]
+            expired = [n for n, m in self.loaded.items()
+                       if m.expires_at is not None and m.expires_at <= now and m.active == 0]
+        for name in expired:
+            self._unload(name)
 
     def _set_expiry(self, loaded: Loaded, keep_alive: float | None | str) -> None:
         ka = self.keep_alive if keep_alive == "default" else keep_alive
@@ -303,6 +323,9 @@ class Scheduler:
             if idle or now - last_expire > 0.5:
                 self._expire()
                 last_expire = now
+            if self._freed:  # an unloaded model's arrays and mapping go now, not at some later collection
+                self._freed = False
+                gc.collect()
 
     def _admit(self) -> None:
         """Start what can start, in arrival order: a cancelled job ends; a generation job takes a free
@@ -392,7 +415,11 @@ class Scheduler:
             engine = group[0].loaded.model.engine
             decoding = any(a.gen.decoding for a in group)
             rows = min(engine.n_batch, PROMPT_ROWS_WHILE_DECODING) if decoding else engine.n_batch
+            first, anon0 = not group[0].loaded.stepped, anon_rss()
             outs = engine.step([a.gen for a in group], rows)
+            if first:  # the forward's buffers are allocated once, on the first step: the model's too
+                group[0].loaded.stepped = True
+                group[0].loaded.held += max(0, anon_rss() - anon0)
             self.steps += 1
             self.sequence_steps += len(group)
             for a, chunks in zip(group, outs):
@@ -460,6 +487,28 @@ def _apply_defaults(model: Any, name: str) -> None:
     config = Store().config(name)
     if config != model.defaults:
         apply(model, config)
+
+
+def anon_rss() -> int:
+    """The process's resident anonymous memory in bytes (Linux /proc; 0 elsewhere)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _commit_slots(model: Any, parallel: int) -> None:
+    """Allocate every sequence slot's KV cache and write its pages, as llama.cpp clears its KV buffer: a
+    server's memory is then what it reports from the start, not a later surprise."""
+    pool = model.engine.slot_pool(parallel)
+    for i in range(len(pool)):
+        arena = getattr(pool.cache(i), "arena", None)
+        if arena is not None:
+            arena.buffer.fill(0)
 
 
 def _short_digest(path: Path) -> str:
