@@ -17,13 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from llmedge.defaults import generate_messages, request_options, with_defaults
+from llmedge.reasoning import ThinkingSplitter, opens_thinking, supports_thinking, template_variables
 from llmedge.sampling import SamplingOptions
 from llmedge.server import tools as tl
 from llmedge.server.errors import Unsupported
 from llmedge.server.grammar import RequestSampler, compile_schema
 from llmedge.server.scheduler import GenRequest, Job, Loaded, count_tokens, ids_in_range
-
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
 @dataclass
@@ -98,12 +97,6 @@ class Delta:
         self.tool_calls += other.tool_calls
 
 
-def supports_thinking(template: Any) -> bool:
-    """Whether a chat template knows reasoning (Qwen3's ``enable_thinking``, ``<think>`` tags)."""
-    src = getattr(template, "source", "") or ""
-    return THINK_OPEN in src or "enable_thinking" in src or "reasoning_content" in src or ".Think" in src
-
-
 class GenerationTask:
     """A :class:`GenerationRequest` for the engine thread (:class:`~llmedge.server.scheduler.GenTask`)."""
 
@@ -127,10 +120,7 @@ class GenerationTask:
             return {}
         if not supports_thinking(model.template):
             raise Unsupported(f"\"{req.model}\" does not support thinking")
-        extra: dict[str, Any] = {"enable_thinking": bool(req.think)}
-        if isinstance(req.think, str):
-            extra["reasoning_effort"] = req.think
-        return extra
+        return template_variables(req.think)
 
     def prompt_ids(self, model: Any) -> list[int]:
         req = self.req
@@ -153,7 +143,7 @@ class GenerationTask:
                 return []
             text = model.template.render(generate_messages(model.defaults, str(req.prompt), req.system,
                                                            not req.context), True, None, **extra)
-        self.starts_thinking = bool(req.think) and text.rstrip().endswith(THINK_OPEN)
+        self.starts_thinking = bool(req.think) and opens_thinking(text)
         ids = model.template.prompt_ids(text)
         if req.context and ids and ids[0] == model.tokenizer.bos_id:
             ids = ids[1:]
@@ -213,44 +203,10 @@ class OutputParser:
 
     def __init__(self, think: bool, in_think: bool, tools: tl.ToolCallStream | None, parallel: bool = True
                  ) -> None:
-        self.think = think
-        self.in_think = in_think
-        self.may_open = think and not in_think  # a <think> may still open the reply
-        self.after_close = False
+        self.thinking = ThinkingSplitter(in_think) if think else None
         self.tools = tools
         self.parallel = parallel
         self.n_calls = 0
-        self.held = ""
-
-    def _split_thinking(self, text: str, final: bool) -> tuple[str, str]:
-        """(thinking, content) of the text so far; holds back what may be a partial tag."""
-        buf, self.held = self.held + text, ""
-        thinking = content = ""
-        while buf:
-            if self.may_open:
-                stripped = buf.lstrip()
-                if stripped.startswith(THINK_OPEN):
-                    buf, self.in_think, self.may_open = stripped[len(THINK_OPEN):], True, False
-                    continue
-                if not final and THINK_OPEN.startswith(stripped):
-                    self.held = buf
-                    return thinking, content
-                self.may_open = False
-            if self.in_think:
-                i = buf.find(THINK_CLOSE)
-                if i >= 0:
-                    thinking += buf[:i]
-                    buf, self.in_think, self.after_close = buf[i + len(THINK_CLOSE):], False, True
-                    continue
-                keep = 0 if final else _tail_prefix(buf, THINK_CLOSE)
-                thinking, self.held = thinking + buf[:len(buf) - keep], buf[len(buf) - keep:]
-                return thinking, content
-            if self.after_close:  # the blank lines after </think> belong to neither
-                buf = buf.lstrip()
-                self.after_close = not buf
-            content += buf
-            buf = ""
-        return thinking, content
 
     def _calls(self, calls: list[tl.ToolCall]) -> list[tl.ToolCall]:
         if not self.parallel:
@@ -259,7 +215,7 @@ class OutputParser:
         return calls
 
     def feed(self, text: str, final: bool = False) -> Delta:
-        thinking, content = self._split_thinking(text, final) if self.think else ("", text)
+        thinking, content = self.thinking.feed(text, final) if self.thinking is not None else ("", text)
         d = Delta(thinking=thinking)
         if self.tools is None:
             d.content = content
@@ -274,13 +230,6 @@ class OutputParser:
 
     def finish(self) -> Delta:
         return self.feed("", final=True)
-
-
-def _tail_prefix(text: str, tag: str) -> int:
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:n]):
-            return n
-    return 0
 
 
 class GenerationRenderer:

@@ -379,7 +379,7 @@ def capabilities(name: str, path: Any, info: dict[str, Any]) -> list[str]:
     from types import SimpleNamespace
 
     from llmedge.defaults import template_choice
-    from llmedge.server.generation import supports_thinking
+    from llmedge.reasoning import supports_thinking
     from llmedge.server.tools import supports_tools
     from llmedge.store import Store
     from llmedge.template import ChatTemplate, fallback_template
