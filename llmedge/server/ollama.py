@@ -256,7 +256,7 @@ def chat_request(body: dict[str, Any], name: str, key: str, path: Any) -> Any:
     raw_messages = body.get("messages")
     if raw_messages is None:
         raw_messages = []
-    if raw_messages and not isinstance(raw_messages, list):
+    if not isinstance(raw_messages, list):
         raise BadRequest("messages must be an array")
     if any(isinstance(m, dict) and m.get("images") for m in raw_messages):
         raise Unsupported(f"'{name}' does not support images")
