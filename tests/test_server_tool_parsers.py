@@ -83,3 +83,16 @@ def test_both_tool_shapes_normalize_and_a_named_choice_builds_its_schema() -> No
     assert tools is not None and [t["function"]["name"] for t in tools] == ["a", "b"]
     assert call_schema(tools, "b")["properties"]["name"] == {"const": "b"}
     assert len(call_schema(tools)["anyOf"]) == 2
+
+
+def test_an_ollama_go_template_sees_the_requests_think_and_level() -> None:
+    from llmedge.gotemplate import GoChatTemplate
+    from llmedge.reasoning import supports_thinking, template_variables
+
+    t = GoChatTemplate("{{ range .Messages }}{{ .Content }}{{ end }}{{ if .IsThinkSet }}[set]{{ end }}"
+                       "{{ if .Think }}<think>{{ .ThinkLevel }}{{ end }}")
+    chat = [{"role": "user", "content": "hi"}]
+    assert supports_thinking(t)
+    assert t.render(chat) == "hi"
+    assert t.render(chat, True, None, **template_variables("high")) == "hi[set]<think>high"
+    assert t.render(chat, True, None, **template_variables(False)) == "hi[set]"
