@@ -96,3 +96,10 @@ def test_an_ollama_go_template_sees_the_requests_think_and_level() -> None:
     assert t.render(chat) == "hi"
     assert t.render(chat, True, None, **template_variables("high")) == "hi[set]<think>high"
     assert t.render(chat, True, None, **template_variables(False)) == "hi[set]"
+
+
+def test_only_text_that_may_be_a_bare_call_is_held_back() -> None:
+    for held in ('{"name": "get_we', '[{"na', "```js", "```tool_code\nget_", "  {", '{"function"'):
+        assert ToolCallStream(NAMES).feed(held) == ("", []), held
+    for streamed in ("```python\nprint(1)", "{x}", "[1, 2]", '{"answer": 4', "Sure: {"):
+        assert ToolCallStream(NAMES).feed(streamed)[0] == streamed, streamed

@@ -31,7 +31,9 @@ MARKERS: tuple[tuple[str, str | None], ...] = (
     ("[TOOL_CALLS]", None),
     ("functools[", None),
 )
-_FENCE = re.compile(r"^```(?:json|tool_code|python)?\s*\n?(.*?)\n?```\s*$", re.S)
+_FENCE = re.compile(r"^```(?:json|tool_code)?\s*\n?(.*?)\n?```\s*$", re.S)
+_FENCES = ("```json", "```tool_code", "```\n")
+_CALL_KEYS = ("name", "function", "type", "id")
 _PROBE = "llmedge_probe_tool_3f9a"
 
 
@@ -217,6 +219,30 @@ def bare_calls(text: str, names: set[str]) -> list[ToolCall] | None:
     return None
 
 
+def could_be_bare_call(text: str) -> bool:
+    """Whether an output that starts with ``text`` may still be a bare call (a JSON object keyed
+    ``name``/``function``/..., a list of them, or a ``json``/``tool_code`` fence): only then is the
+    text held back; any other answer streams at once."""
+    s = text.lstrip()
+    if not s:
+        return True
+    if s.startswith("`"):
+        return any(f.startswith(s) or s.startswith(f) for f in _FENCES)
+    if s.startswith("["):
+        s = s[1:].lstrip()
+        if not s:
+            return True
+    if not s.startswith("{"):
+        return False
+    s = s[1:].lstrip()
+    if not s:
+        return True
+    if not s.startswith('"'):
+        return False
+    key, closed, _ = s[1:].partition('"')
+    return key in _CALL_KEYS if closed else any(k.startswith(key) for k in _CALL_KEYS)
+
+
 def parse_tool_calls(text: str, names: set[str]) -> tuple[str, list[ToolCall]]:
     """``(content, calls)`` of a whole output: text outside the calls, and the calls in order."""
     stream = ToolCallStream(names)
@@ -257,10 +283,8 @@ class ToolCallStream:
                 self.buf = self.buf[i + len(s):]
                 self.open = (s, e)
                 continue
-            if not self.emitted_content and not content and self.buf.lstrip()[:1] in ("{", "[", "`"):
+            if not self.emitted_content and not content and could_be_bare_call(self.buf):
                 break  # may be a bare JSON call: decided at the end
-            if not self.emitted_content and not content and not self.buf.strip():
-                break  # only whitespace so far
             keep = _partial_marker(self.buf)
             content += self.buf[:len(self.buf) - keep]
             self.buf = self.buf[len(self.buf) - keep:]
