@@ -669,7 +669,7 @@ class ChatSession:
             "quantization": quant,
         }
         run = {
-            "context": f"{m.n_ctx} tokens ({len(m.engine.cache.tokens)} cached)",
+            "context": f"{m.n_ctx} tokens ({m.cached_tokens} cached)",
             "backend": f"{m.backend_name} ({m.backend_reason})",
             "template": m.template.name,
             "file": str(m.path),
@@ -821,7 +821,7 @@ class ChatSession:
         }
         save_state = getattr(self.model, "save_state", None)
         state_path = path.with_suffix(".state")
-        if callable(save_state) and self.messages and self.model.engine.cache.tokens:
+        if callable(save_state) and self.messages and self.model.cached_tokens:
             try:
                 save_state(state_path, extra={"session": name})
                 data["state"] = state_path.name
@@ -893,7 +893,7 @@ class ChatSession:
         try:
             with _StopOnCtrlC(), self.console.status(f"evaluating {len(ids)} tokens of history",
                                                      spinner="dots"):
-                self.model.engine.prefill(ids)
+                self.model.prefill(ids)
         except KeyboardInterrupt:
             return "history evaluation interrupted"
         return f"history evaluated: {len(ids)} tokens in {time.perf_counter() - t0:.1f}s"
