@@ -103,3 +103,16 @@ def test_only_text_that_may_be_a_bare_call_is_held_back() -> None:
         assert ToolCallStream(NAMES).feed(held) == ("", []), held
     for streamed in ("```python\nprint(1)", "{x}", "[1, 2]", '{"answer": 4', "Sure: {"):
         assert ToolCallStream(NAMES).feed(streamed)[0] == streamed, streamed
+
+
+def test_a_forced_call_streams_its_arguments_as_they_are_generated() -> None:
+    s = ToolCallStream(NAMES, constrained=True)
+    text = '{"name": "get_weather", "arguments": {"city": "Paris", "days": [1, 2]}}'
+    for i in range(0, len(text), 3):
+        s.feed(text[i:i + 3])
+    _, calls = s.finish()
+    frags = s.take_fragments()
+    assert frags[0][1] == "get_weather" and all(f[1] is None for f in frags[1:])
+    assert {f[0] for f in frags} == {calls[0].id} and calls[0].id.startswith("call_")
+    assert "".join(f[2] for f in frags) == '{"city": "Paris", "days": [1, 2]}'
+    assert calls[0].arguments == {"city": "Paris", "days": [1, 2]}

@@ -99,8 +99,10 @@ def test_openai_streams_tool_call_deltas_index_id_name_then_arguments(url: str) 
     assert finish == "tool_calls"
     first = deltas[0]
     assert first.index == 0 and first.id.startswith("call_") and first.function.name == "get_weather"
-    args = "".join(d.function.arguments or "" for d in deltas if d.index == 0)
-    jsonschema.validate(json.loads(args), WEATHER["function"]["parameters"])
+    fragments = [d.function.arguments for d in deltas[1:] if d.index == 0 and d.function.arguments]
+    assert len(fragments) >= 2  # the arguments stream as they are generated
+    assert all(d.id is None and d.function.name is None for d in deltas[1:])
+    jsonschema.validate(json.loads("".join(fragments)), WEATHER["function"]["parameters"])
 
 
 def test_the_tool_result_sent_back_continues_the_conversation(url: str) -> None:

@@ -87,14 +87,17 @@ class Delta:
     content: str = ""
     thinking: str = ""
     tool_calls: list[tl.ToolCall] = field(default_factory=list)
+    # a forced call's arguments as they stream: (call id, its name on the first fragment, text)
+    fragments: list[tuple[str, str | None, str]] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.content or self.thinking or self.tool_calls)
+        return bool(self.content or self.thinking or self.tool_calls or self.fragments)
 
     def merge(self, other: Delta) -> None:
         self.content += other.content
         self.thinking += other.thinking
         self.tool_calls += other.tool_calls
+        self.fragments += other.fragments
 
 
 class GenerationTask:
@@ -226,6 +229,7 @@ class OutputParser:
             d.content += more
             calls += rest
         d.tool_calls = self._calls(calls)
+        d.fragments = self.tools.take_fragments()
         return d
 
     def finish(self) -> Delta:

@@ -285,6 +285,8 @@ class _OllamaRenderer(GenerationRenderer):
         return {"model": self.req.model, "created_at": now_rfc3339()}
 
     def delta(self, d: Delta) -> list[Any]:
+        if not (d.content or d.thinking or d.tool_calls):  # Ollama sends a call once it is whole
+            return []
         return [{**self.body(d), "done": False}]
 
     def done(self, result: GenerationResult, d: Delta | None = None) -> list[Any]:

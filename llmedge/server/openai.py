@@ -281,6 +281,10 @@ class ChatRenderer(_OpenAIRenderer):
 
     obj, prefix = "chat.completion.chunk", "chatcmpl"
 
+    def __init__(self, task: Any, body: dict[str, Any]) -> None:
+        super().__init__(task, body)
+        self.index: dict[str, int] = {}  # call id -> its index + 1 in the stream
+
     def chunk(self, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> dict[str, Any]:
         return {**self.head(self.obj),
                 "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
@@ -294,12 +298,19 @@ class ChatRenderer(_OpenAIRenderer):
             out.append(self.chunk({"reasoning_content": d.thinking}))
         if d.content:
             out.append(self.chunk({"content": d.content}))
+        parts = list(d.fragments)  # a forced call streams as it is generated; others once parsed
         for c in tool_calls_out(d.tool_calls):
-            fn = c["function"]
-            out.append(self.chunk({"tool_calls": [{"index": self.n_calls, "id": c["id"], "type": "function",
-                                                   "function": {"name": fn["name"], "arguments": ""}}]}))
-            out.append(self.chunk({"tool_calls": [{"index": self.n_calls, "function": {"arguments": fn["arguments"]}}]}))
-            self.n_calls += 1
+            if c["id"] not in self.index:
+                parts += [(c["id"], c["function"]["name"], ""), (c["id"], None, c["function"]["arguments"])]
+        for call_id, name, text in parts:
+            if name is not None:
+                self.index[call_id] = self.n_calls = len(self.index) + 1
+                out.append(self.chunk({"tool_calls": [{"index": self.index[call_id] - 1, "id": call_id,
+                                                       "type": "function",
+                                                       "function": {"name": name, "arguments": ""}}]}))
+            if text:
+                out.append(self.chunk({"tool_calls": [{"index": self.index[call_id] - 1,
+                                                       "function": {"arguments": text}}]}))
         return out
 
     def logprobs(self, result: GenerationResult) -> Any:

@@ -34,6 +34,7 @@ MARKERS: tuple[tuple[str, str | None], ...] = (
 _FENCE = re.compile(r"^```(?:json|tool_code)?\s*\n?(.*?)\n?```\s*$", re.S)
 _FENCES = ("```json", "```tool_code", "```\n")
 _CALL_KEYS = ("name", "function", "type", "id")
+_FORCED_HEAD = re.compile(r'\{"name": "((?:[^"\\]|\\.)*)", "arguments": ')
 _PROBE = "llmedge_probe_tool_3f9a"
 
 
@@ -258,6 +259,9 @@ class ToolCallStream:
     def __init__(self, names: set[str], constrained: bool = False) -> None:
         self.names = names
         self.constrained = constrained  # the whole output is one grammar-forced call
+        self.fragments: list[tuple[str, str | None, str]] = []  # (call id, name on the first, arguments text)
+        self.call_id: str | None = None  # the forced call's id once its name is known
+        self.sent = 0  # how much of the forced call's text went out as fragments
         self.buf = ""
         self.emitted_content = False
         self.open: tuple[str, str | None] | None = None  # the marker of the call being read
@@ -265,6 +269,7 @@ class ToolCallStream:
     def feed(self, text: str) -> tuple[str, list[ToolCall]]:
         self.buf += text
         if self.constrained:
+            self._stream_forced()
             return "", []
         content, calls = "", []
         while self.buf:
@@ -293,6 +298,26 @@ class ToolCallStream:
             self.emitted_content = True
         return content, calls
 
+    def _stream_forced(self) -> None:
+        """The forced call's arguments as they are generated: ``{"name": N, "arguments": `` opens the
+        call (the grammar writes exactly these separators), then everything but a last character that
+        may be the outer ``}``."""
+        if self.call_id is None:
+            m = _FORCED_HEAD.match(self.buf)
+            if m is None:
+                return
+            self.call_id = "call_" + secrets.token_hex(12)
+            self.fragments.append((self.call_id, json.loads(f'"{m.group(1)}"'), ""))
+            self.sent = m.end()
+        end = len(self.buf) - 1
+        if end > self.sent:
+            self.fragments.append((self.call_id, None, self.buf[self.sent:end]))
+            self.sent = end
+
+    def take_fragments(self) -> list[tuple[str, str | None, str]]:
+        out, self.fragments = self.fragments, []
+        return out
+
     def finish(self) -> tuple[str, list[ToolCall]]:
         buf, self.buf = self.buf, ""
         if self.constrained:
@@ -300,7 +325,14 @@ class ToolCallStream:
                 call = _as_call(json.loads(buf))
             except ValueError:
                 call = None
-            return ("", [call]) if call is not None else (buf, [])
+            if call is None:
+                return buf, []
+            if self.call_id is not None:
+                call.id = self.call_id
+                rest = buf[self.sent:len(buf.rstrip()) - 1]  # what is left of the arguments, not the outer }
+                if rest:
+                    self.fragments.append((self.call_id, None, rest))
+            return "", [call]
         if self.open is not None:
             start, _ = self.open
             self.open = None
