@@ -1,5 +1,5 @@
 """Bounds on what a request may ask for, checked before any work is queued: the number of messages,
-image fields, context ids, embedding inputs, stop strings, and the range of every option value.
+image fields, context ids, embedding inputs, tools, stop strings, and the range of every option value.
 
 Each check raises BadRequest naming the field and the bound. The option ranges are wide (they
 refuse only what no model can use: negative lengths, temperatures of 10^9, penalties that are not
@@ -15,6 +15,7 @@ from llmedge.server.errors import BadOption, BadRequest
 
 MAX_MESSAGES = 4096
 MAX_INPUTS = 4096  # embedding inputs in one request
+MAX_TOOLS = 256  # tools in one request (each is rendered into the prompt and may become a grammar branch)
 MAX_IDS = 1 << 20  # token ids given directly (context, prompt ids)
 MAX_STOP = 16
 MAX_STOP_CHARS = 1024
@@ -72,6 +73,9 @@ def check_request(body: dict[str, Any]) -> None:
         v = body.get(key)
         if isinstance(v, list) and len(v) > MAX_IDS:
             raise BadRequest(f"{key} holds {len(v)} token ids (at most {MAX_IDS})")
+    tools = body.get("tools")
+    if isinstance(tools, list) and len(tools) > MAX_TOOLS:
+        raise BadRequest(f"too many tools: {len(tools)} (at most {MAX_TOOLS})")
     inputs = body.get("input")
     if isinstance(inputs, list) and len(inputs) > MAX_INPUTS:
         raise BadRequest(f"too many inputs: {len(inputs)} (at most {MAX_INPUTS})")
