@@ -422,33 +422,24 @@ class Server:
 
     # -- wiring ----------------------------------------------------------------------------------
     def routes(self) -> list[Route]:
-        h = self.handler
-        return [
-            Route("/", h(self.root), methods=["GET", "HEAD"]),
-            Route("/health", h(self.health), methods=["GET"]),
-            Route("/metrics", h(self.metrics_route), methods=["GET"]),
-            Route("/api/version", h(self.version), methods=["GET"]),
-            Route("/api/generate", h(self.route(ol.generate_request, ol.GenerateRenderer)), methods=["POST"]),
-            Route("/api/chat", h(self.route(ol.chat_request, ol.ChatRenderer)), methods=["POST"]),
-            Route("/api/embed", h(self.embed), methods=["POST"]),
-            Route("/api/embeddings", h(self.embed), methods=["POST"]),
-            Route("/v1/embeddings", h(self.v1_embeddings), methods=["POST"]),
-            Route("/api/tokenize", h(self.tokenize), methods=["POST"]),
-            Route("/api/detokenize", h(self.detokenize), methods=["POST"]),
-            Route("/api/tags", h(self.tags), methods=["GET"]),
-            Route("/api/show", h(self.show), methods=["POST"]),
-            Route("/api/ps", h(self.ps), methods=["GET"]),
-            Route("/api/pull", h(self.pull), methods=["POST"]),
-            Route("/api/delete", h(self.delete), methods=["DELETE"]),
-            Route("/api/copy", h(self.copy), methods=["POST"]),
-            Route("/api/create", h(self.create), methods=["POST"]),
-            Route("/api/blobs/{digest}", h(self.blob), methods=["HEAD", "POST"]),
-            Route("/v1/models", h(self.v1_models), methods=["GET"]),
-            Route("/v1/models/{model:path}", h(self.v1_model), methods=["GET"]),
-            Route("/v1/chat/completions", h(self.route(oa.chat_request, oa.ChatRenderer)), methods=["POST"]),
-            Route("/v1/completions", h(self.route(oa.completion_request, oa.CompletionRenderer)),
-                  methods=["POST"]),
+        get, post = ["GET"], ["POST"]
+        table: list[tuple[str, Callable[[Request], Any], list[str]]] = [
+            ("/", self.root, ["GET", "HEAD"]), ("/health", self.health, get), ("/metrics", self.metrics_route, get),
+            ("/api/version", self.version, get),
+            ("/api/generate", self.route(ol.generate_request, ol.GenerateRenderer), post),
+            ("/api/chat", self.route(ol.chat_request, ol.ChatRenderer), post),
+            ("/api/embed", self.embed, post), ("/api/embeddings", self.embed, post),
+            ("/api/tokenize", self.tokenize, post), ("/api/detokenize", self.detokenize, post),
+            ("/api/tags", self.tags, get), ("/api/show", self.show, post), ("/api/ps", self.ps, get),
+            ("/api/pull", self.pull, post), ("/api/delete", self.delete, ["DELETE"]),
+            ("/api/copy", self.copy, post), ("/api/create", self.create, post),
+            ("/api/blobs/{digest}", self.blob, ["HEAD", "POST"]),
+            ("/v1/embeddings", self.v1_embeddings, post), ("/v1/models", self.v1_models, get),
+            ("/v1/models/{model:path}", self.v1_model, get),
+            ("/v1/chat/completions", self.route(oa.chat_request, oa.ChatRenderer), post),
+            ("/v1/completions", self.route(oa.completion_request, oa.CompletionRenderer), post),
         ]
+        return [Route(path, self.handler(fn), methods=methods) for path, fn, methods in table]
 
 
 def create_app(config: ServerConfig | None = None) -> Any:
