@@ -1,5 +1,7 @@
-"""The Starlette application: Ollama's and OpenAI's routes, the job hand-off to the engine thread,
-NDJSON and SSE streaming, and error rendering (a 4xx in the route's API shape for anything a client
+"""The Starlette application: the route table and its endpoints. Generation routes are one endpoint fed
+a protocol's request parser and renderer (``generation.py``, ``stream.py``); model management, embeddings
+and tokenization are jobs on the engine thread or a store thread. Any exception a route raises is
+rendered by :func:`llmedge.server.errors.render` (a 4xx in the route's API shape for anything a client
 can get wrong; no request produces a 500 or stops the server)."""
 
 from __future__ import annotations
