@@ -182,7 +182,8 @@ def test_think_splits_reasoning_from_content_and_refuses_models_without_it(url: 
     parts = list(client.chat(model=THINK_MODEL, messages=ASK, think=True, stream=True,
                              options={"temperature": 0, "num_predict": 12}))
     assert "".join(p.message.thinking or "" for p in parts) == r.message.thinking
-    g = client.generate(model=THINK_MODEL, prompt="Why?", think="high", options={"num_predict": 6})
+    g = client.generate(model=THINK_MODEL, prompt="Why is the sky blue?", think="high",
+                        options={"temperature": 0, "num_predict": 6})
     assert g.thinking
     o = oai(url).chat.completions.create(model=THINK_MODEL, messages=ASK, max_tokens=12, temperature=0,
                                          extra_body={"think": True})
