@@ -85,6 +85,8 @@ HELP_SET = '''Available Commands:
   /set nohistory         Disable history
   /set verbose           Show LLM stats
   /set quiet             Disable LLM stats
+  /set think [level]     Enable thinking (low, medium, high)
+  /set nothink           Disable thinking
 '''
 
 HELP_SHOW = '''Available Commands:
@@ -111,7 +113,7 @@ HELP_SHORTCUTS = '''Available keyboard shortcuts:
 '''
 
 COMMANDS = [
-    "/set parameter ", "/set system ", "/set history", "/set nohistory", "/set verbose", "/set quiet",
+    "/set parameter ", "/set system ", "/set history", "/set nohistory", "/set verbose", "/set quiet", "/set think", "/set nothink",
     "/show info", "/show license", "/show parameters", "/show system", "/show template",
     "/load ", "/save ", "/clear", "/bye", "/help", "/?", "/? shortcuts",
 ] + [f"/set parameter {name} " for name in PARAMETERS]
@@ -454,13 +456,49 @@ def _atomic_write(path: Path, data: bytes) -> None:
 
 # -- the session ---------------------------------------------------------------------------------
 
+class Reply:
+    """A streamed answer on its way to the view: with thinking on, the reasoning is shown between
+    Ollama's "Thinking..." and "...done thinking." lines and kept out of the answer the chat remembers."""
+
+    def __init__(self, view: AnswerView, think: bool | str | None, prompt: str) -> None:
+        from llmedge.reasoning import ThinkingSplitter, opens_thinking
+
+        self.view = view
+        self.content = ""
+        self.splitter = ThinkingSplitter(opens_thinking(prompt)) if think else None
+        self.state = "none"  # none -> thinking -> done
+
+    def add(self, text: str, final: bool = False) -> None:
+        if self.splitter is None:
+            self.content += text
+            self.view.add(text)
+            return
+        thinking, content = self.splitter.feed(text, final)
+        if thinking:
+            if self.state == "none":
+                self.view.add("Thinking...\n")
+                self.state = "thinking"
+            self.view.add(thinking)
+        if content:
+            if self.state == "thinking":
+                self.view.add("\n...done thinking.\n\n")
+                self.state = "done"
+            self.content += content
+            self.view.add(content)
+
+    def finish(self) -> None:
+        self.add("", final=True)
+
+
 class ChatSession:
     """One conversation with a loaded model: messages, system message, parameters, commands, turns."""
 
     def __init__(self, model: Any, console: Console | None = None, params: dict[str, Any] | None = None,
                  verbose: bool = False, reload: Callable[[int], Any] | None = None,
-                 sessions: Path | None = None, out: Any = None) -> None:
+                 sessions: Path | None = None, out: Any = None, think: bool | str | None = None) -> None:
         self.model = model
+        self.think = think  # None: the template's default; else enable_thinking (and a level)
+        self.prompt_text = ""  # the last rendered prompt
         self.console = console or Console(highlight=False)
         self.out = out
         self.params: dict[str, Any] = dict(DEFAULT_PARAMETERS)
@@ -559,6 +597,18 @@ class ChatSession:
         elif what in ("verbose", "quiet"):
             self.verbose = what == "verbose"
             self.say(f"Set '{what}' mode.")
+        elif what in ("think", "nothink"):
+            level = words[2].lower() if what == "think" and len(words) > 2 else None
+            if level is not None and level not in ("low", "medium", "high"):
+                self.say("Usage:\n  /set think [low|medium|high]")
+                return
+            from llmedge.reasoning import supports_thinking
+
+            if what == "think" and not supports_thinking(self.model.template):
+                self.error(f'"{self.model.name}" does not support thinking')
+                return
+            self.think = level or (what == "think")
+            self.say(f"Set '{what}' mode." if level is None else f"Set 'think' mode to '{level}'.")
         elif what in ("history", "nohistory"):
             if self.reader is not None:
                 self.reader.set_history(what == "history")
@@ -619,7 +669,7 @@ class ChatSession:
             "quantization": quant,
         }
         run = {
-            "context": f"{m.n_ctx} tokens ({len(m.engine.cache.tokens)} cached)",
+            "context": f"{m.n_ctx} tokens ({m.cached_tokens} cached)",
             "backend": f"{m.backend_name} ({m.backend_reason})",
             "template": m.template.name,
             "file": str(m.path),
@@ -661,8 +711,15 @@ class ChatSession:
         n_predict = self.params["num_predict"]
         reserve = min(n_predict if n_predict > 0 else 256, n_ctx // 4)
         dropped = 0
+        from llmedge.reasoning import template_variables
+
+        extra = template_variables(self.think)
         while True:
-            ids = self.model.template.encode(self._window(dropped))
+            if extra:  # the rendered text says whether the reply starts inside <think>
+                self.prompt_text = self.model.template.render(self._window(dropped), True, None, **extra)
+                ids = self.model.template.prompt_ids(self.prompt_text)
+            else:
+                ids = self.model.template.encode(self._window(dropped))
             if len(ids) + reserve <= n_ctx or len(self.messages) - dropped <= 1:
                 return ids, dropped
             dropped += 2
@@ -691,6 +748,7 @@ class ChatSession:
         interrupted = False
         view = AnswerView(self.console, out=self.out)
         stop = _StopOnCtrlC()
+        reply = Reply(view, self.think, self.prompt_text)
         try:
             with stop, view:
                 stream: Iterator[Any] = self.model.generate(ids, **options)
@@ -698,7 +756,7 @@ class ChatSession:
                     for chunk in stream:
                         stop.streaming = True
                         if chunk.text:
-                            view.add(chunk.text)
+                            reply.add(chunk.text)
                         if stop.requested:
                             interrupted = True
                             break
@@ -706,6 +764,7 @@ class ChatSession:
                     close = getattr(stream, "close", None)
                     if close is not None:
                         close()
+                reply.finish()
         except KeyboardInterrupt:
             interrupted = True
         except Exception as e:  # noqa: BLE001 - one line, and the conversation survives
@@ -714,7 +773,7 @@ class ChatSession:
             self.messages.pop()
             self.error(str(e) if isinstance(e, LlmedgeError) else f"{type(e).__name__}: {e}")
             return None
-        answer = view.text
+        answer = reply.content
         if interrupted and not answer.strip():
             self.messages.pop()
             return None
@@ -762,7 +821,7 @@ class ChatSession:
         }
         save_state = getattr(self.model, "save_state", None)
         state_path = path.with_suffix(".state")
-        if callable(save_state) and self.messages and self.model.engine.cache.tokens:
+        if callable(save_state) and self.messages and self.model.cached_tokens:
             try:
                 save_state(state_path, extra={"session": name})
                 data["state"] = state_path.name
@@ -834,7 +893,7 @@ class ChatSession:
         try:
             with _StopOnCtrlC(), self.console.status(f"evaluating {len(ids)} tokens of history",
                                                      spinner="dots"):
-                self.model.engine.prefill(ids)
+                self.model.prefill(ids)
         except KeyboardInterrupt:
             return "history evaluation interrupted"
         return f"history evaluated: {len(ids)} tokens in {time.perf_counter() - t0:.1f}s"
@@ -854,10 +913,11 @@ class ChatSession:
 # -- the loop ------------------------------------------------------------------------------------
 
 def chat(model: Any, params: dict[str, Any] | None = None, verbose: bool = False,
-         reload: Callable[[int], Any] | None = None) -> None:
+         reload: Callable[[int], Any] | None = None, think: bool | str | None = None) -> None:
     """The interactive chat on the terminal, until Ctrl-D or /bye."""
     reader = InputReader(history_path())
-    session = ChatSession(model, Console(highlight=False), params=params, verbose=verbose, reload=reload)
+    session = ChatSession(model, Console(highlight=False), params=params, verbose=verbose, reload=reload,
+                          think=think)
     session.reader = reader
     while True:
         try:

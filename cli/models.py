@@ -124,7 +124,7 @@ def show(
         return
     n_params = sum(t.n_elements for t in g.tensors.values())
     types = Counter(t.type_name for t in g.tensors.values())
-    file_type = max((t for t in types if t not in ("F32",)), key=lambda t: types[t], default="F32")
+    file_type = g.file_type
     chosen, why = choose_backend(backend)
     info = {
         "architecture": arch,

@@ -39,6 +39,9 @@ def run(
                                              "(default: the system prompt).")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", help="Print Ollama-style timings.")] = False,
     insecure: Annotated[bool, typer.Option("--insecure", help="Pull from a registry over plain http.")] = False,
+    think: Annotated[bool | None, typer.Option("--think/--no-think", help="Turn the model's reasoning on or off "
+                                               "(models whose template supports it; default: the template's).")
+                     ] = None,
 ) -> None:
     """Run a model: print its answer to PROMPT, or chat when no prompt is given."""
     from llmedge.cli.progress import load_with_progress
@@ -54,13 +57,27 @@ def run(
         options["num_keep"] = keep
     if prompt is None and not (sys.stdin.isatty() and sys.stdout.isatty()):
         prompt = sys.stdin.read()  # piped in, or the answer is redirected: one answer, no chat
+    if think is not None:
+        from llmedge.errors import LlmedgeError
+        from llmedge.reasoning import supports_thinking
+
+        if think and not supports_thinking(m.template):
+            raise LlmedgeError(f'"{m.name}" does not support thinking')
     if prompt is not None:
-        chunks = m.generate(prompt, raw=raw, **options)
+        text = None
+        if think is not None and not raw:
+            from llmedge.defaults import generate_messages
+            from llmedge.reasoning import template_variables
+
+            text = m.template.render(generate_messages(m.defaults, prompt), True, None, **template_variables(think))
+            chunks = m.generate(m.template.prompt_ids(text), **options)
+        else:
+            chunks = m.generate(prompt, raw=raw, **options)
         pretty = sys.stdout.isatty() and not raw
         if pretty:
-            _show(chunks)
+            _show(chunks, think, text or "")
         else:
-            _stream(chunks)
+            _stream(chunks, think, text or "")
         if verbose:
             if pretty:
                 sys.stderr.write("\n")
@@ -74,32 +91,41 @@ def run(
     def reload(n_ctx: int):
         return load_with_progress(model, backend=backend, n_ctx=n_ctx, n_threads=threads, kv_type=kv_type)
 
-    chat(m, params, verbose=verbose, reload=reload)
+    chat(m, params, verbose=verbose, reload=reload, think=think)
 
 
-def _stream(chunks) -> str:
-    out = []
+class _Stdout:
+    def add(self, text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+
+def _stream(chunks, think: bool | None = None, prompt: str = "") -> str:
+    from llmedge.cli.chat import Reply
+
+    reply = Reply(_Stdout(), think, prompt)  # type: ignore[arg-type]
     for chunk in chunks:
         if chunk.text:
-            sys.stdout.write(chunk.text)
-            sys.stdout.flush()
-            out.append(chunk.text)
+            reply.add(chunk.text)
+    reply.finish()
     sys.stdout.write("\n")
     sys.stdout.flush()
-    return "".join(out)
+    return reply.content
 
 
-def _show(chunks) -> str:
+def _show(chunks, think: bool | None = None, prompt: str = "") -> str:
     """The answer on a terminal: spinner, live Markdown, then the whole answer as Markdown."""
     from rich.console import Console
 
-    from llmedge.cli.chat import AnswerView
+    from llmedge.cli.chat import AnswerView, Reply
 
     with AnswerView(Console(highlight=False), markdown=True, blank_line=False) as view:
+        reply = Reply(view, think, prompt)
         for chunk in chunks:
             if chunk.text:
-                view.add(chunk.text)
-    return view.text
+                reply.add(chunk.text)
+        reply.finish()
+    return reply.content
 
 
 def print_timings(t) -> None:

@@ -33,6 +33,10 @@ def _each(body: dict) -> None:
         lambda: oa.response_schema(body.get("response_format")),
         lambda: Scheduler.check_ctx(SCHED, body.get("num_ctx")),  # type: ignore[arg-type]
         lambda: limits.check_request(body),
+        lambda: ol.generate_request(body, "m", "m", None),
+        lambda: ol.chat_request(body, "m", "m", None),
+        lambda: oa.chat_request(body, "m", "m", None),
+        lambda: oa.completion_request(body, "m", "m", None),
     ]
     for step in steps:
         try:
@@ -45,7 +49,9 @@ _FIELDS = ["model", "prompt", "messages", "options", "keep_alive", "images", "co
            "num_ctx", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "n", "stop",
            "response_format", "input", "top_logprobs", "logprobs", "raw", "system", "tools", "role", "content",
            "type", "text", "json_schema", "schema", "num_predict", "top_k", "min_p", "repeat_penalty",
-           "repeat_last_n", "num_keep", "presence_penalty", "frequency_penalty", "typical_p", "mirostat"]
+           "repeat_last_n", "num_keep", "presence_penalty", "frequency_penalty", "typical_p", "mirostat",
+           "tool_choice", "parallel_tool_calls", "function", "name", "parameters", "arguments", "tool_calls",
+           "think", "reasoning_effort", "verbose", "dimensions"]
 
 
 class _Bytes:

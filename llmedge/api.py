@@ -170,6 +170,16 @@ class Model:
         or corrupted one is refused with a one-line LlmedgeError and the current sequence is kept."""
         return self.engine.load_state(path, self.digest)
 
+    def prefill(self, ids: Sequence[int]) -> int:
+        """Evaluate ``ids`` into the model's sequence (what a cache already holds is reused), so a later
+        prompt that extends them starts at once; returns how many tokens were evaluated."""
+        return self.engine.prefill(ids)[1]
+
+    @property
+    def cached_tokens(self) -> int:
+        """How many tokens the model's sequence holds (its KV cache)."""
+        return len(self.engine.cache.tokens)
+
     @property
     def timings(self) -> Timings:
         """Timings of the last generation, in Ollama's terms (nanoseconds)."""

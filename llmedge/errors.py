@@ -21,5 +21,9 @@ class StoreError(LlmedgeError):
     """A model name, manifest, blob or download is invalid or unavailable."""
 
 
+class ModelNotFoundError(StoreError):
+    """A model name that is valid but not in the store."""
+
+
 class ModelError(LlmedgeError):
     """A model's architecture or hyperparameters are unsupported or inconsistent."""

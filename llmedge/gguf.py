@@ -395,6 +395,18 @@ class GGUFFile:
     def get_array(self, key: str, default: Any = None) -> Any:
         return self._typed(key, _REQUIRED if default is None else default, (list, np.ndarray), "an array")
 
+    @property
+    def file_type(self) -> str:
+        """The file's quantization as llama.cpp and Ollama name it: ``general.file_type`` (``Q4_K_M``),
+        else the most common tensor type other than F32."""
+        ft = self.metadata.get("general.file_type")
+        if isinstance(ft, int) and not isinstance(ft, bool) and ft in FILE_TYPES:
+            return FILE_TYPES[ft]
+        from collections import Counter
+
+        types = Counter(t.type_name for t in self.tensors.values())
+        return max((t for t in types if t != "F32"), key=lambda t: types[t], default="F32")
+
     def tensor(self, name: str) -> TensorInfo:
         try:
             return self.tensors[name]
@@ -416,6 +428,15 @@ class GGUFFile:
 
 
 _REQUIRED = object()
+
+#: ``general.file_type`` (llama.h's ``llama_ftype``) -> the name Ollama's ``quantization_level`` shows
+FILE_TYPES = {
+    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K", 11: "Q3_K_S",
+    12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K",
+    19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS", 23: "IQ3_XXS", 24: "IQ1_S", 25: "IQ4_NL",
+    26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S", 29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M", 32: "BF16", 36: "TQ1_0",
+    37: "TQ2_0", 38: "MXFP4",
+}
 
 
 def _q(text: str, limit: int = 80) -> str:

@@ -803,10 +803,10 @@ def collate(messages: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
 
 
 def render_chat(template: GoTemplate, messages: list[dict[str, Any]],
-                tools: list[dict[str, Any]] | None = None) -> str:
-    """The prompt Ollama's template.Execute writes for a conversation."""
+                tools: list[dict[str, Any]] | None = None, think: bool | None = None, think_level: str = "") -> str:
+    """The prompt Ollama's template.Execute writes for a conversation (``think``: the request's, if set)."""
     system, msgs = collate(messages)
-    base = {"Think": False, "ThinkLevel": "", "IsThinkSet": False}
+    base = {"Think": bool(think), "ThinkLevel": think_level, "IsThinkSet": think is not None}
     if template.uses_messages:
         data = {**base, "System": system, "Messages": [_message(m) for m in msgs],
                 "Tools": JSONList(_tool(t) for t in tools) if tools else None, "Response": ""}
@@ -854,4 +854,5 @@ class GoChatTemplate(ChatTemplate):
         """The prompt as Ollama writes it (its templates always end with the assistant's header)."""
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise GoTemplateError("messages must be a list of {'role': ..., 'content': ...} dicts")
-        return render_chat(self.parsed, messages, tools)
+        return render_chat(self.parsed, messages, tools, extra.get("enable_thinking"),
+                           str(extra.get("reasoning_effort") or ""))

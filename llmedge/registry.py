@@ -23,7 +23,7 @@ from typing import Any
 
 from . import __version__
 from .blobs import RangeReader, parallel_fill, sequential_fill
-from .errors import StoreError
+from .errors import ModelNotFoundError, StoreError
 from .names import ModelName, parse_digest
 from .ollama_store import MAX_SMALL_LAYER, config_from_layers, model_layer
 from .sources import Progress
@@ -156,7 +156,7 @@ class RegistryClient:
             body = self.retrying(once)
         except _HTTPError as e:
             if e.status == 404:
-                raise StoreError(f"model '{self.name.full}' not found in registry {self.name.registry} "
+                raise ModelNotFoundError(f"model '{self.name.full}' not found in registry {self.name.registry} "
                                  "(no such name or tag)") from None
             raise StoreError(str(e)) from None
         try:

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from .blobs import BlobDir
-from .errors import StoreError
+from .errors import ModelNotFoundError, StoreError
 from .fsutil import fsync_dir, remove_stale_temps
 from .modelfile import merge
 from .names import (  # noqa: F401 - part of the store's API
@@ -210,7 +210,7 @@ class Store:
         """The manifest (a dict) of a stored model; StoreError if there is none."""
         found = self._find(name)
         if found is None:
-            raise StoreError(f"model '{name}' not found")
+            raise ModelNotFoundError(f"model '{name}' not found")
         return self._read_manifest(found[1], found[0])
 
     def _write_manifest(self, full_name: str, digest: str, size: int, source: dict[str, Any],
@@ -314,7 +314,7 @@ class Store:
             if held is not None:
                 return held.path
             if not pull:
-                raise StoreError(f"model '{name_or_path}' not found; try `llmedge pull {name_or_path}` "
+                raise ModelNotFoundError(f"model '{name_or_path}' not found; try `llmedge pull {name_or_path}` "
                                  "(or give a path to a .gguf file)")
             try:
                 return self.pull(name_or_path, progress)
@@ -450,7 +450,7 @@ class Store:
         if found is None:
             held = self.ollama.find(base)
             if held is None:
-                raise StoreError(f"model '{base}' not found")
+                raise ModelNotFoundError(f"model '{base}' not found")
             self._ensure_dirs()
             blob = self.blobs.link(held.digest, held.path)
             merged = merge(held.config, config)
@@ -484,7 +484,7 @@ class Store:
             if held is not None:
                 raise StoreError(f"model '{held.name}' is in the Ollama store {self.ollama.root}, which "
                                  "llmedge never changes; remove it with `ollama rm`")
-            raise StoreError(f"model '{name}' not found")
+            raise ModelNotFoundError(f"model '{name}' not found")
         full, path = found
         try:
             digest: str | None = self._read_manifest(path, full)["model"]["digest"]

@@ -106,6 +106,12 @@ def test_number_of_messages(url: str) -> None:
     assert_400(gen(url, "/v1/chat/completions", messages=[{"role": 5, "content": "x"}]), "messages[0].role")
     assert_400(gen(url, "/v1/chat/completions", messages=[]), "non-empty")
     assert_400(gen(url, "/api/embed", input=["x"] * (limits.MAX_INPUTS + 1)), "too many inputs")
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    for route in ("/api/chat", "/v1/chat/completions"):
+        assert_400(gen(url, route, messages=[{"role": "user", "content": "hi"}], tools=[tool] * (limits.MAX_TOOLS + 1)),
+                   "too many tools")
+        assert_400(gen(url, route, messages=[{"role": "user", "content": "hi"}], tools=[{"function": {}}]),
+                   "name must be a non-empty string")
 
 
 def test_image_fields(url: str) -> None:

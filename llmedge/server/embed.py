@@ -29,8 +29,8 @@ def hidden_states(model: Any, ids: Sequence[int]) -> np.ndarray:
 
 def embed_text(model: Any, text: str | Sequence[int], truncate: bool = True) -> tuple[list[float], int]:
     """The mean-pooled, L2-normalized embedding of ``text`` (or token ids) and how many tokens it took."""
+    from llmedge.server.errors import ContextTooLong
     from llmedge.server.scheduler import ids_in_range
-    from llmedge.server.security import HTTPError
 
     if isinstance(text, str):
         ids = model.tokenize(text, add_bos=model.tokenizer.add_bos, special=False)
@@ -41,7 +41,7 @@ def embed_text(model: Any, text: str | Sequence[int], truncate: bool = True) -> 
         ids = [model.tokenizer.bos_id or 0]
     if len(ids) > model.n_ctx:
         if not truncate:
-            raise HTTPError(400, f"the input has {len(ids)} tokens, more than the context of {model.n_ctx}")
+            raise ContextTooLong(f"the input has {len(ids)} tokens, more than the context of {model.n_ctx}")
         ids = ids[: model.n_ctx]
     h = hidden_states(model, ids).astype(np.float64)
     v = h.mean(axis=0)
@@ -49,3 +49,25 @@ def embed_text(model: Any, text: str | Sequence[int], truncate: bool = True) -> 
     if norm > 0:
         v = v / norm
     return [float(x) for x in v], len(ids)
+
+
+def parse_dimensions(value: Any) -> int | None:
+    """``dimensions``: keep the first N components (then L2-normalize again), as OpenAI's and Ollama's do."""
+    from llmedge.server.errors import BadRequest
+    from llmedge.server.ollama import number
+
+    if value is None:
+        return None
+    n = int(number(value, "dimensions", int))
+    if n <= 0:
+        raise BadRequest("dimensions must be positive")
+    return n
+
+
+def shorten(vec: list[float], dims: int | None) -> list[float]:
+    """``vec`` cut to ``dims`` components and normalized again (unchanged when it is not longer)."""
+    if dims is None or dims >= len(vec):
+        return vec
+    v = np.asarray(vec[:dims], dtype=np.float64)
+    v = v / max(float(np.linalg.norm(v)), 1e-12)
+    return [float(x) for x in v]

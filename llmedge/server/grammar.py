@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from llmedge.sampling import Sampler, SamplingOptions
-from llmedge.server.security import HTTPError
+from llmedge.server.errors import BadRequest
 
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 ANY_JSON_OBJECT: dict[str, Any] = {"type": "object"}
@@ -31,7 +31,7 @@ _tok_lock = threading.Lock()
 
 
 def compile_schema(schema: Any) -> str:
-    """An llguidance grammar for a JSON schema (a dict, or a JSON string of one); HTTPError 400 with the
+    """An llguidance grammar for a JSON schema (a dict, or a JSON string of one); BadRequest with the
     compiler's reason when it is not a schema llguidance accepts."""
     import llguidance
 
@@ -39,23 +39,23 @@ def compile_schema(schema: Any) -> str:
         try:
             schema = json.loads(schema)
         except ValueError as e:
-            raise HTTPError(400, f"invalid JSON schema: {e}") from None
+            raise BadRequest(f"invalid JSON schema: {e}") from None
         except RecursionError:
-            raise HTTPError(400, "invalid JSON schema: nested too deeply") from None
+            raise BadRequest("invalid JSON schema: nested too deeply") from None
     if isinstance(schema, bool):
         schema = {} if schema else {"not": {}}
     if not isinstance(schema, dict):
-        raise HTTPError(400, "a JSON schema must be an object")
+        raise BadRequest("a JSON schema must be an object")
     try:
         schema = close_objects(schema)
         grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)  # type: ignore[arg-type]
     except (ValueError, TypeError) as e:
-        raise HTTPError(400, f"invalid JSON schema: {e}") from None
+        raise BadRequest(f"invalid JSON schema: {e}") from None
     except RecursionError:
-        raise HTTPError(400, "invalid JSON schema: nested too deeply") from None
+        raise BadRequest("invalid JSON schema: nested too deeply") from None
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
     if is_error:
-        raise HTTPError(400, f"the JSON schema cannot be compiled: {messages[0] if messages else 'unknown'}")
+        raise BadRequest(f"the JSON schema cannot be compiled: {messages[0] if messages else 'unknown'}")
     return grammar
 
 
@@ -141,7 +141,7 @@ class RequestSampler(Sampler):
             lltok = ll_tokenizer(tokenizer)
             self.matcher = llguidance.LLMatcher(lltok, grammar, log_level=0)
             if self.matcher.is_error():
-                raise HTTPError(400, f"the grammar cannot be used: {self.matcher.get_error()}")
+                raise BadRequest(f"the grammar cannot be used: {self.matcher.get_error()}")
             self._mask = np.zeros((lltok.vocab_size + 31) // 32, dtype="<u4")
         self.logprobs = logprobs or top_logprobs > 0
         self.top_logprobs = max(0, min(int(top_logprobs), 20))
@@ -155,7 +155,7 @@ class RequestSampler(Sampler):
             return token
         allowed = self.allowed(len(logits))
         if len(allowed) == 0:
-            raise HTTPError(400, f"the grammar allows no token here: {self.matcher.get_error()}")
+            raise BadRequest(f"the grammar allows no token here: {self.matcher.get_error()}")
         if len(allowed) == 1:
             token = int(allowed[0])
         elif len(allowed) == len(logits):
@@ -166,7 +166,7 @@ class RequestSampler(Sampler):
         if self.logprobs:
             self._record(logits, allowed, token)
         if not self.matcher.consume_token(token):
-            raise HTTPError(400, f"the grammar rejected token {token}: {self.matcher.get_error()}")
+            raise BadRequest(f"the grammar rejected token {token}: {self.matcher.get_error()}")
         return token
 
     @property
@@ -183,7 +183,7 @@ class RequestSampler(Sampler):
             return []
         ff = self.matcher.compute_ff_tokens()[:limit]
         if ff and not self.matcher.consume_tokens(ff):
-            raise HTTPError(400, f"the grammar rejected its forced tokens: {self.matcher.get_error()}")
+            raise BadRequest(f"the grammar rejected its forced tokens: {self.matcher.get_error()}")
         return ff
 
     def allowed(self, n_logits: int) -> np.ndarray:

@@ -1,7 +1,7 @@
 """Bounds on what a request may ask for, checked before any work is queued: the number of messages,
-image fields, context ids, embedding inputs, stop strings, and the range of every option value.
+image fields, context ids, embedding inputs, tools, stop strings, and the range of every option value.
 
-Each check raises HTTPError 400 naming the field and the bound. The option ranges are wide (they
+Each check raises BadRequest naming the field and the bound. The option ranges are wide (they
 refuse only what no model can use: negative lengths, temperatures of 10^9, penalties that are not
 numbers), so a request Ollama or OpenAI would accept is accepted here too.
 """
@@ -11,10 +11,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from llmedge.server.security import HTTPError
+from llmedge.server.errors import BadOption, BadRequest
 
 MAX_MESSAGES = 4096
 MAX_INPUTS = 4096  # embedding inputs in one request
+MAX_TOOLS = 256  # tools in one request (each is rendered into the prompt and may become a grammar branch)
 MAX_IDS = 1 << 20  # token ids given directly (context, prompt ids)
 MAX_STOP = 16
 MAX_STOP_CHARS = 1024
@@ -39,14 +40,14 @@ OPTION_RANGES: dict[str, tuple[float | None, float | None]] = {
 
 
 def check_range(name: str, value: Any) -> None:
-    """HTTPError 400 when a numeric option is outside OPTION_RANGES (NaN and infinities included)."""
+    """BadRequest when a numeric option is outside OPTION_RANGES (NaN and infinities included)."""
     bounds = OPTION_RANGES.get(name)
     if bounds is None or isinstance(value, bool) or not isinstance(value, int | float):
         return
     lo, hi = bounds
     if isinstance(value, float) and not math.isfinite(value) or (lo is not None and value < lo) or (
             hi is not None and value > hi):
-        raise HTTPError(400, f"option {name}={value!r} is out of range ({lo}..{hi})")
+        raise BadOption(f"option {name}={value!r} is out of range ({lo}..{hi})")
 
 
 def check_images(value: Any, where: str) -> None:
@@ -55,7 +56,7 @@ def check_images(value: Any, where: str) -> None:
     if value is None:
         return
     if not isinstance(value, list) or not all(isinstance(i, str) for i in value):
-        raise HTTPError(400, f"{where}images must be an array of base64 strings")
+        raise BadRequest(f"{where}images must be an array of base64 strings")
 
 
 def check_request(body: dict[str, Any]) -> None:
@@ -63,7 +64,7 @@ def check_request(body: dict[str, Any]) -> None:
     messages = body.get("messages")
     if isinstance(messages, list):
         if len(messages) > MAX_MESSAGES:
-            raise HTTPError(400, f"too many messages: {len(messages)} (at most {MAX_MESSAGES})")
+            raise BadRequest(f"too many messages: {len(messages)} (at most {MAX_MESSAGES})")
         for i, m in enumerate(messages):
             if isinstance(m, dict):
                 check_images(m.get("images"), f"messages[{i}].")
@@ -71,17 +72,20 @@ def check_request(body: dict[str, Any]) -> None:
     for key in ("context", "prompt"):
         v = body.get(key)
         if isinstance(v, list) and len(v) > MAX_IDS:
-            raise HTTPError(400, f"{key} holds {len(v)} token ids (at most {MAX_IDS})")
+            raise BadRequest(f"{key} holds {len(v)} token ids (at most {MAX_IDS})")
+    tools = body.get("tools")
+    if isinstance(tools, list) and len(tools) > MAX_TOOLS:
+        raise BadRequest(f"too many tools: {len(tools)} (at most {MAX_TOOLS})")
     inputs = body.get("input")
     if isinstance(inputs, list) and len(inputs) > MAX_INPUTS:
-        raise HTTPError(400, f"too many inputs: {len(inputs)} (at most {MAX_INPUTS})")
+        raise BadRequest(f"too many inputs: {len(inputs)} (at most {MAX_INPUTS})")
     for holder in (body, body.get("options") if isinstance(body.get("options"), dict) else {}):
         stop = holder.get("stop")
         if isinstance(stop, str):
             stop = [stop]
         if isinstance(stop, list) and (len(stop) > MAX_STOP or any(
                 isinstance(s, str) and len(s) > MAX_STOP_CHARS for s in stop)):
-            raise HTTPError(400, f"stop holds at most {MAX_STOP} strings of at most {MAX_STOP_CHARS} characters")
+            raise BadRequest(f"stop holds at most {MAX_STOP} strings of at most {MAX_STOP_CHARS} characters")
     options = body.get("options")
     if isinstance(options, dict):
         for key, value in options.items():
@@ -99,7 +103,7 @@ INERT_TYPES: dict[str, str] = {
 
 
 def check_inert_type(name: str, value: Any) -> None:
-    """HTTPError 400 when an option in INERT_TYPES has a value of the wrong type (null: unset)."""
+    """BadOption when an option in INERT_TYPES has a value of the wrong type (null: unset)."""
     kind = INERT_TYPES.get(name)
     if kind is None or value is None:
         return
@@ -110,7 +114,7 @@ def check_inert_type(name: str, value: Any) -> None:
             kind == "number" or float(value).is_integer())
     if not ok:
         got = json_type(value)
-        raise HTTPError(400, f"option {name} must be {'an' if kind == 'integer' else 'a'} {kind}"
+        raise BadOption(f"option {name} must be {'an' if kind == 'integer' else 'a'} {kind}"
                              + ("" if got == "number" else f", not {got}"))
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from llmedge.errors import StoreError
 from llmedge.modelfile import merge, parse, render, typed_parameter
-from llmedge.server.security import HTTPError
+from llmedge.server.errors import BadRequest
 from llmedge.store import Store, looks_like_path, normalize_name, parse_digest
 
 
@@ -22,15 +22,15 @@ def _config(body: dict[str, Any]) -> dict[str, Any]:
     params = body.get("parameters")
     if params is not None:
         if not isinstance(params, dict):
-            raise HTTPError(400, "parameters must be an object")
+            raise BadRequest("parameters must be an object")
         try:
             config["parameters"] = {k: typed_parameter(k, v) for k, v in params.items()}
         except StoreError as e:
-            raise HTTPError(400, str(e)) from None
+            raise BadRequest(str(e)) from None
     for key in ("system", "template"):
         if body.get(key) is not None:
             if not isinstance(body[key], str):
-                raise HTTPError(400, f"{key} must be a string")
+                raise BadRequest(f"{key} must be a string")
             config[key] = body[key]
     lic = body.get("license")
     if lic is not None:
@@ -39,7 +39,7 @@ def _config(body: dict[str, Any]) -> dict[str, Any]:
     if msgs is not None:
         if not isinstance(msgs, list) or not all(isinstance(m, dict) and isinstance(m.get("content"), str)
                                                  for m in msgs):
-            raise HTTPError(400, "messages must be a list of {role, content} objects")
+            raise BadRequest("messages must be a list of {role, content} objects")
         config["messages"] = [{"role": str(m.get("role", "user")), "content": m["content"]} for m in msgs]
     return config
 
@@ -48,12 +48,12 @@ def create(body: dict[str, Any], report: Callable[[str], None], insecure: bool =
     """Carry out an /api/create request (see the module docstring); statuses go to `report`."""
     name = body.get("model", body.get("name"))
     if not isinstance(name, str) or not name:
-        raise HTTPError(400, "model is required")
+        raise BadRequest("model is required")
     normalize_name(name)
     if body.get("adapters"):
-        raise HTTPError(400, "adapters are not supported: llmedge does not apply LoRA adapters")
+        raise BadRequest("adapters are not supported: llmedge does not apply LoRA adapters")
     if body.get("quantize"):
-        raise HTTPError(400, "quantize is not supported by /api/create; use `llmedge quantize`")
+        raise BadRequest("quantize is not supported by /api/create; use `llmedge quantize`")
     base, config = body.get("from"), _config(body)
     if isinstance(body.get("modelfile"), str) and body["modelfile"].strip():
         mf = parse(body["modelfile"])
@@ -65,30 +65,30 @@ def create(body: dict[str, Any], report: Callable[[str], None], insecure: bool =
         _create_from_files(store, name, files, config, report)
     elif isinstance(base, str) and base:
         if looks_like_path(base):
-            raise HTTPError(400, f"'from' must be a model name, not a path: {base[:100]!r} (upload it with "
+            raise BadRequest(f"'from' must be a model name, not a path: {base[:100]!r} (upload it with "
                                  "/api/blobs and use 'files')")
         store.resolve(base, pull=True, progress=lambda status, **_: report(status))
         report("using existing layer")
         store.derive(name, base, config)
     else:
-        raise HTTPError(400, "neither 'from' nor 'files' was given")
+        raise BadRequest("neither 'from' nor 'files' was given")
     report("writing manifest")
 
 
 def _create_from_files(store: Store, name: str, files: Any, config: dict[str, Any],
                        report: Callable[[str], None]) -> None:
     if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
-        raise HTTPError(400, "files must map file names to sha256 digests")
+        raise BadRequest("files must map file names to sha256 digests")
     ggufs = [(f, d) for f, d in files.items() if f.lower().endswith(".gguf")] or list(files.items())
     if len(ggufs) != 1:
-        raise HTTPError(400, "files must name exactly one .gguf model (split models are not supported)")
+        raise BadRequest("files must name exactly one .gguf model (split models are not supported)")
     filename, digest = ggufs[0]
     blob = store.blob_path(digest)
     if not blob.is_file():
-        raise HTTPError(400, f"blob {digest[:80]} has not been uploaded (POST /api/blobs/{digest[:80]})")
+        raise BadRequest(f"blob {digest[:80]} has not been uploaded (POST /api/blobs/{digest[:80]})")
     with open(blob, "rb") as f:
         if f.read(4) != b"GGUF":
-            raise HTTPError(400, f"{filename[:100]} is not a GGUF file")
+            raise BadRequest(f"{filename[:100]} is not a GGUF file")
     report(f"using existing layer sha256:{parse_digest(digest)}")
     store.register(name, digest, blob.stat().st_size, {"type": "upload", "file": filename[:200]}, config)
 
@@ -118,7 +118,7 @@ async def receive_blob(digest: str, chunks: AsyncIterator[bytes]) -> bool:
             out.flush()
             os.fsync(out.fileno())
         if h.hexdigest() != hexd:
-            raise HTTPError(400, f"digest mismatch: the upload's sha256 is {h.hexdigest()}")
+            raise BadRequest(f"digest mismatch: the upload's sha256 is {h.hexdigest()}")
         os.chmod(tmp, 0o644)
         os.replace(tmp, blob)
     finally:

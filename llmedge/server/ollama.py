@@ -11,7 +11,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from llmedge.server import limits
-from llmedge.server.security import HTTPError
+from llmedge.server.errors import BadOption, BadRequest, Unsupported
+from llmedge.server.generation import Delta, GenerationRenderer, GenerationRequest, GenerationResult
 
 # Ollama option name -> (llmedge keyword, expected type)
 SAMPLING_OPTIONS: dict[str, tuple[str, type]] = {
@@ -35,17 +36,17 @@ IGNORED_OPTIONS = frozenset({
 
 
 def number(value: Any, name: str, kind: type) -> int | float:
-    """``value`` as an int or float option, HTTPError 400 for anything else (bools, strings, NaN)."""
+    """``value`` as an int or float option, BadRequest for anything else (bools, strings, NaN)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise HTTPError(400, f"option {name} must be a number, not {type(value).__name__}")
+        raise BadOption(f"option {name} must be a number, not {type(value).__name__}")
     if isinstance(value, float) and not math.isfinite(value):
-        raise HTTPError(400, f"option {name} must be finite")
+        raise BadOption(f"option {name} must be finite")
     if kind is int:
         if int(value) != value:
-            raise HTTPError(400, f"option {name} must be an integer")
+            raise BadOption(f"option {name} must be an integer")
         value = int(value)
         if abs(value) > 2**63 - 1:
-            raise HTTPError(400, f"option {name} is out of range")
+            raise BadOption(f"option {name} is out of range")
         return value
     return float(value)
 
@@ -57,7 +58,7 @@ def parse_stop(value: Any) -> tuple[str, ...]:
         return (value,)
     if isinstance(value, list) and all(isinstance(s, str) for s in value):
         return tuple(value)
-    raise HTTPError(400, "stop must be a string or a list of strings")
+    raise BadRequest("stop must be a string or a list of strings")
 
 
 def parse_options(options: Any) -> dict[str, Any]:
@@ -65,7 +66,7 @@ def parse_options(options: Any) -> dict[str, Any]:
     if options is None:
         options = {}
     if not isinstance(options, dict):
-        raise HTTPError(400, "options must be an object")
+        raise BadRequest("options must be an object")
     sampling: dict[str, Any] = {}
     out: dict[str, Any] = {"sampling": sampling, "max_tokens": None, "stop": (), "num_ctx": None,
                            "num_keep": None}
@@ -89,9 +90,9 @@ def parse_options(options: Any) -> dict[str, Any]:
         elif key in IGNORED_OPTIONS:
             continue
         else:
-            raise HTTPError(400, f"unknown option '{key}'")
+            raise BadOption(f"unknown option '{key}'")
     if "top_k" in sampling and sampling["top_k"] < 0:
-        raise HTTPError(400, "option top_k must not be negative")
+        raise BadRequest("option top_k must not be negative")
     for key, value in options.items():
         limits.check_range(key, value)
     return out
@@ -107,7 +108,7 @@ def parse_keep_alive(value: Any) -> float | None | str:
     if value is None:
         return "default"
     if isinstance(value, bool):
-        raise HTTPError(400, "keep_alive must be a duration or a number of seconds")
+        raise BadRequest("keep_alive must be a duration or a number of seconds")
     if isinstance(value, int | float):
         seconds = float(value)
     elif isinstance(value, str):
@@ -124,10 +125,10 @@ def parse_keep_alive(value: Any) -> float | None | str:
                 total += float(m.group("n")) * _UNITS[m.group("unit")]
                 pos = m.end()
             if pos != len(body) or not body:
-                raise HTTPError(400, f"invalid keep_alive duration {value!r}") from None
+                raise BadRequest(f"invalid keep_alive duration {value!r}") from None
             seconds = sign * total
     else:
-        raise HTTPError(400, "keep_alive must be a duration or a number of seconds")
+        raise BadRequest("keep_alive must be a duration or a number of seconds")
     if not math.isfinite(seconds) or seconds < 0 or seconds > limits.MAX_KEEP_ALIVE:
         return None
     return seconds
@@ -142,17 +143,17 @@ def rfc3339(t: float) -> str:
     return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond:06d}000Z"
 
 
-def final_fields(result: dict[str, Any]) -> dict[str, Any]:
-    """The closing fields of a generate or chat response."""
+def final_fields(result: Any) -> dict[str, Any]:
+    """The closing fields of a generate or chat response (from a GenerationResult)."""
     return {
         "done": True,
-        "done_reason": result["done_reason"],
-        "total_duration": result["total_duration"],
-        "load_duration": result["load_duration"],
-        "prompt_eval_count": result["prompt_eval_count"],
-        "prompt_eval_duration": result["prompt_eval_duration"],
-        "eval_count": result["eval_count"],
-        "eval_duration": result["eval_duration"],
+        "done_reason": result.done_reason,
+        "total_duration": result.total_duration,
+        "load_duration": result.load_duration,
+        "prompt_eval_count": result.prompt_eval_count,
+        "prompt_eval_duration": result.prompt_eval_duration,
+        "eval_count": result.eval_count,
+        "eval_duration": result.eval_duration,
     }
 
 
@@ -172,6 +173,162 @@ def logprob_entries(records: list[dict[str, Any]], piece: Any) -> list[dict[str,
     return out
 
 
+# -- requests --------------------------------------------------------------------------------------
+def flag(body: dict[str, Any], key: str, default: bool) -> bool:
+    v = body.get(key, default)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise BadRequest(f"{key} must be a boolean")
+    return v
+
+
+def top_logprobs(body: dict[str, Any]) -> int:
+    v = body.get("top_logprobs")
+    if v is None:
+        return 0
+    n = int(number(v, "top_logprobs", int))
+    if not 0 <= n <= 20:
+        raise BadRequest("top_logprobs must be between 0 and 20")
+    return n
+
+
+def parse_think(value: Any) -> bool | str | None:
+    """``think``: absent, a boolean, or a level (``low``, ``medium``, ``high``)."""
+    if value is None or isinstance(value, bool):
+        return value
+    if value in ("low", "medium", "high"):
+        return value
+    raise BadRequest("think must be a boolean or one of \"low\", \"medium\", \"high\"")
+
+
+def format_schema(fmt: Any) -> Any:
+    """Ollama's ``format``: ``"json"`` (any object) or a JSON schema; None for free text."""
+    if fmt is None or fmt == "":
+        return None
+    if fmt == "json":
+        return {"type": "object"}
+    if isinstance(fmt, dict | bool):
+        return fmt
+    raise BadRequest("format must be \"json\" or a JSON schema object")
+
+
+def _common(body: dict[str, Any], req: Any) -> None:
+    """The fields /api/generate and /api/chat share, onto a GenerationRequest."""
+    opts = parse_options(body.get("options"))
+    req.sampling, req.max_tokens, req.stop = opts["sampling"], opts["max_tokens"], opts["stop"]
+    req.num_keep, req.num_ctx = opts["num_keep"], opts["num_ctx"]
+    req.keep_alive = parse_keep_alive(body.get("keep_alive"))
+    req.schema = format_schema(body.get("format"))
+    req.stream = flag(body, "stream", True)
+    req.logprobs = flag(body, "logprobs", False)
+    req.top_logprobs = top_logprobs(body)
+    req.think = parse_think(body.get("think"))
+
+
+def generate_request(body: dict[str, Any], name: str, key: str, path: Any) -> Any:
+    """/api/generate -> GenerationRequest."""
+    prompt = body.get("prompt") or ""
+    system = body.get("system")
+    if not isinstance(prompt, str) or (system is not None and not isinstance(system, str)):
+        raise BadRequest("prompt and system must be strings")
+    if body.get("suffix"):
+        raise Unsupported(f"'{name}' does not support insert (suffix)")
+    if body.get("images"):
+        raise Unsupported(f"'{name}' does not support images")
+    if body.get("template"):
+        raise BadRequest("a per-request template is not supported; the model's chat template is used")
+    context = body.get("context") or []
+    if not isinstance(context, list) or any(isinstance(t, bool) or not isinstance(t, int) for t in context):
+        raise BadRequest("context must be an array of token ids")
+    raw = flag(body, "raw", False)
+    req = GenerationRequest(name, key, path, "raw" if raw else "generate", prompt=prompt, system=system,
+                            context=list(context))
+    _common(body, req)
+    return req
+
+
+def chat_request(body: dict[str, Any], name: str, key: str, path: Any) -> Any:
+    """/api/chat -> GenerationRequest."""
+    from llmedge.server.openai import parse_messages
+    from llmedge.server.tools import normalize_tools
+
+    raw_messages = body.get("messages")
+    if raw_messages is None:
+        raw_messages = []
+    if not isinstance(raw_messages, list):
+        raise BadRequest("messages must be an array")
+    if any(isinstance(m, dict) and m.get("images") for m in raw_messages):
+        raise Unsupported(f"'{name}' does not support images")
+    messages = parse_messages(raw_messages) if raw_messages else []
+    req = GenerationRequest(name, key, path, "chat", messages=messages, tools=normalize_tools(body.get("tools")))
+    _common(body, req)
+    return req
+
+
+# -- responses -------------------------------------------------------------------------------------
+def tool_calls_out(calls: list[Any], first_index: int = 0) -> list[dict[str, Any]]:
+    """Ollama's ``tool_calls``: arguments as an object."""
+    return [{"id": c.id, "function": {"index": first_index + i, "name": c.name, "arguments": c.arguments}}
+            for i, c in enumerate(calls)]
+
+
+def _closing(out: dict[str, Any], req: Any, result: Any) -> dict[str, Any]:
+    out.update(final_fields(result))
+    if req.logprobs or req.top_logprobs:
+        out["logprobs"] = logprob_entries(result.records, result.piece)
+    return out
+
+
+class _OllamaRenderer(GenerationRenderer):
+    def head(self) -> dict[str, Any]:
+        return {"model": self.req.model, "created_at": now_rfc3339()}
+
+    def delta(self, d: Delta) -> list[Any]:
+        if not (d.content or d.thinking or d.tool_calls):  # Ollama sends a call once it is whole
+            return []
+        return [{**self.body(d), "done": False}]
+
+    def done(self, result: GenerationResult, d: Delta | None = None) -> list[Any]:
+        out = _closing(self.body(d or Delta()), self.req, result)
+        if self.with_context and result.done_reason not in ("load", "unload"):
+            out["context"] = result.ids + result.out_ids
+        return [out]
+
+    def complete(self, d: Delta, result: GenerationResult) -> Any:
+        return self.done(result, d)[0]
+
+    with_context = False
+
+    def body(self, d: Delta) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class GenerateRenderer(_OllamaRenderer):
+    """/api/generate: ``response`` and ``thinking`` text; the context ids at the end."""
+
+    with_context = True
+
+    def body(self, d: Delta) -> dict[str, Any]:
+        out = {**self.head(), "response": d.content}
+        if d.thinking:
+            out["thinking"] = d.thinking
+        return out
+
+
+class ChatRenderer(_OllamaRenderer):
+    """/api/chat: the assistant ``message`` with ``thinking`` and ``tool_calls``."""
+
+    def body(self, d: Delta) -> dict[str, Any]:
+        msg: dict[str, Any] = {"role": "assistant", "content": d.content}
+        if d.thinking:
+            msg["thinking"] = d.thinking
+        if d.tool_calls:
+            msg["tool_calls"] = tool_calls_out(d.tool_calls, self.n_calls)
+            self.n_calls += len(d.tool_calls)
+        return {**self.head(), "message": msg}
+
+
 def model_details(info: dict[str, Any]) -> dict[str, Any]:
     return {
         "parent_model": "",
@@ -183,10 +340,10 @@ def model_details(info: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def describe_gguf(path: Any) -> dict[str, Any]:
-    """Family, parameter count, quantization, context length and the scalar metadata of a GGUF file."""
-    from collections import Counter
-
+def describe_gguf(path: Any, verbose: bool = False) -> dict[str, Any]:
+    """Family, parameter count, quantization (the file type), context length and the metadata of a GGUF
+    file under its own key names, as Ollama's ``model_info`` shows them: arrays of more than 64 items
+    are null unless ``verbose`` (which also lists the tensors)."""
     from llmedge.gguf import GGUFFile
     from llmedge.modelcheck import check_model_file
 
@@ -194,14 +351,12 @@ def describe_gguf(path: Any) -> dict[str, Any]:
     check_model_file(g)
     arch = g.architecture
     n_params = sum(t.n_elements for t in g.tensors.values())
-    types = Counter(t.type_name for t in g.tensors.values())
-    quant = max((t for t in types if t not in ("F32",)), key=lambda t: types[t], default="F32")
     meta: dict[str, Any] = {}
     for k, v in g.metadata.items():
         if hasattr(v, "tolist"):
             v = v.tolist()
         if isinstance(v, list | tuple):
-            meta[k] = list(v) if len(v) <= 64 else None
+            meta[k] = list(v) if verbose or len(v) <= 64 else None
         elif isinstance(v, bytes):
             continue
         elif k != "tokenizer.chat_template":
@@ -210,7 +365,33 @@ def describe_gguf(path: Any) -> dict[str, Any]:
     size = f"{n_params / 1e9:.1f}B" if n_params >= 1e9 else f"{n_params / 1e6:.0f}M"
     ctx = g.metadata.get(f"{arch}.context_length")
     template = g.metadata.get("tokenizer.chat_template") or ""
-    return {"family": arch, "parameter_size": size, "quantization_level": quant, "model_info": meta,
-            "context_length": int(ctx) if ctx is not None else None,
-            "template": template if isinstance(template, str) else "",
-            "embedding_length": g.metadata.get(f"{arch}.embedding_length")}
+    out = {"family": arch, "parameter_size": size, "quantization_level": g.file_type, "model_info": meta,
+           "context_length": int(ctx) if ctx is not None else None,
+           "template": template if isinstance(template, str) else "",
+           "embedding_length": g.metadata.get(f"{arch}.embedding_length")}
+    if verbose:
+        out["tensors"] = [{"name": t.name, "type": t.type_name, "shape": [int(d) for d in t.dims]}
+                          for t in g.tensors.values()]
+    return out
+
+
+def capabilities(name: str, path: Any, info: dict[str, Any]) -> list[str]:
+    """What /api/show lists: completion, tools and thinking when the model's chat template (its
+    TEMPLATE, else the GGUF's) supports them, embedding (the server embeds with any model)."""
+    from types import SimpleNamespace
+
+    from llmedge.defaults import template_choice
+    from llmedge.reasoning import supports_thinking
+    from llmedge.server.tools import supports_tools
+    from llmedge.store import Store
+    from llmedge.template import ChatTemplate, fallback_template
+
+    source = info.get("template") or fallback_template(info.get("family", ""))[1]
+    gguf = ChatTemplate(source)
+    template, _ = template_choice(Store().config(name), SimpleNamespace(template=gguf, tokenizer=None))
+    caps = ["completion"]
+    if supports_tools(template):
+        caps.append("tools")
+    if supports_thinking(template):
+        caps.append("thinking")
+    return [*caps, "embedding"]

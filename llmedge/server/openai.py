@@ -4,30 +4,66 @@ embedding objects."""
 
 from __future__ import annotations
 
+import json
 import secrets
 import time
 from typing import Any
 
 from llmedge.server import limits
-from llmedge.server.ollama import number, parse_stop
-from llmedge.server.security import HTTPError
+from llmedge.server.errors import BadRequest, Unsupported
+from llmedge.server.generation import Delta, GenerationRenderer, GenerationRequest, GenerationResult
+from llmedge.server.ollama import flag, number, parse_stop, parse_think, top_logprobs
+from llmedge.server.tools import normalize_tools, tool_names
 
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(12)}"
 
 
+def _arguments(value: Any, where: str) -> dict[str, Any]:
+    """A tool call's arguments as an object (OpenAI sends a JSON string, Ollama an object)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else {}
+        except ValueError:
+            raise BadRequest(f"{where}.arguments must be a JSON object") from None
+    if value is None:
+        value = {}
+    if not isinstance(value, dict):
+        raise BadRequest(f"{where}.arguments must be a JSON object")
+    return value
+
+
+def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
+    """An assistant message's earlier tool calls, in the shape chat templates read:
+    ``{"id", "type": "function", "function": {"name", "arguments": {...}}}``."""
+    if not isinstance(calls, list):
+        raise BadRequest(f"{where}.tool_calls must be an array")
+    out = []
+    for j, c in enumerate(calls):
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise BadRequest(f"{where}.tool_calls[{j}].function.name must be a string")
+        call = {"type": "function", "function": {"name": fn["name"],
+                                                 "arguments": _arguments(fn.get("arguments"), where)}}
+        if isinstance(c.get("id"), str):
+            call["id"] = c["id"]
+        out.append(call)
+    return out
+
+
 def parse_messages(messages: Any) -> list[dict[str, Any]]:
-    """Chat messages with their content flattened to text (``[{type: text, text}]`` parts joined)."""
+    """Chat messages with their content flattened to text (``[{type: text, text}]`` parts joined), tool
+    calls with their arguments as objects, and a tool result's ``tool_call_id`` and name kept."""
     if not isinstance(messages, list) or not messages:
-        raise HTTPError(400, "messages must be a non-empty array")
+        raise BadRequest("messages must be a non-empty array")
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
-            raise HTTPError(400, f"messages[{i}] must be an object")
+            raise BadRequest(f"messages[{i}] must be an object")
         role = m.get("role")
         if not isinstance(role, str) or not role:
-            raise HTTPError(400, f"messages[{i}].role must be a string")
+            raise BadRequest(f"messages[{i}].role must be a string")
         content = m.get("content")
         if content is None:
             content = ""
@@ -35,12 +71,21 @@ def parse_messages(messages: Any) -> list[dict[str, Any]]:
             texts = []
             for part in content:
                 if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise HTTPError(400, f"messages[{i}].content: only text parts are supported")
+                    raise BadRequest(f"messages[{i}].content: only text parts are supported")
                 texts.append(part["text"])
             content = "".join(texts)
         elif not isinstance(content, str):
-            raise HTTPError(400, f"messages[{i}].content must be a string or an array of text parts")
-        msg = {"role": "system" if role == "developer" else role, "content": content}
+            raise BadRequest(f"messages[{i}].content must be a string or an array of text parts")
+        msg: dict[str, Any] = {"role": "system" if role == "developer" else role, "content": content}
+        if m.get("tool_calls"):
+            msg["tool_calls"] = _tool_calls(m["tool_calls"], f"messages[{i}]")
+        for key in ("tool_call_id", "tool_name", "name", "thinking", "reasoning_content"):
+            if isinstance(m.get(key), str):
+                msg[key] = m[key]
+        if role == "tool" and "name" not in msg and "tool_name" in msg:
+            msg["name"] = msg["tool_name"]
+        if "reasoning_content" in msg and "thinking" not in msg:
+            msg["thinking"] = msg["reasoning_content"]
         out.append(msg)
     return out
 
@@ -58,11 +103,11 @@ def parse_sampling(body: dict[str, Any]) -> dict[str, Any]:
     if max_tokens is not None:
         max_tokens = int(number(max_tokens, "max_tokens", int))
         if max_tokens < 0:
-            raise HTTPError(400, "max_tokens must not be negative")
+            raise BadRequest("max_tokens must not be negative")
         limits.check_range("max_tokens", max_tokens)
     n = body.get("n")
     if n is not None and number(n, "n", int) != 1:
-        raise HTTPError(400, "only n=1 is supported")
+        raise BadRequest("only n=1 is supported")
     return {"sampling": sampling, "max_tokens": max_tokens, "stop": parse_stop(body.get("stop"))}
 
 
@@ -72,7 +117,7 @@ def response_schema(fmt: Any) -> Any:
     if fmt is None:
         return None
     if not isinstance(fmt, dict):
-        raise HTTPError(400, "response_format must be an object")
+        raise BadRequest("response_format must be an object")
     kind = fmt.get("type")
     if kind in (None, "text"):
         return None
@@ -81,9 +126,9 @@ def response_schema(fmt: Any) -> Any:
     if kind == "json_schema":
         spec = fmt.get("json_schema")
         if not isinstance(spec, dict) or "schema" not in spec:
-            raise HTTPError(400, "response_format.json_schema.schema is required")
+            raise BadRequest("response_format.json_schema.schema is required")
         return spec["schema"]
-    raise HTTPError(400, f"unsupported response_format type {kind!r}")
+    raise BadRequest(f"unsupported response_format type {kind!r}")
 
 
 def usage(prompt: int, completion: int) -> dict[str, int]:
@@ -119,18 +164,199 @@ def completion_logprobs(records: list[dict[str, Any]], piece: Any) -> dict[str, 
     return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
 
 
-def chat_chunk(cid: str, model: str, created: int, delta: dict[str, Any], finish: str | None,
-               logprobs: Any = None) -> dict[str, Any]:
-    return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-            "system_fingerprint": "fp_llmedge",
-            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
-
-
-def completion_chunk(cid: str, model: str, created: int, text: str, finish: str | None) -> dict[str, Any]:
-    return {"id": cid, "object": "text_completion", "created": created, "model": model,
-            "system_fingerprint": "fp_llmedge",
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
-
-
 def model_object(name: str, created: float | None = None) -> dict[str, Any]:
     return {"id": name, "object": "model", "created": int(created or time.time()), "owned_by": "library"}
+
+
+# -- requests --------------------------------------------------------------------------------------
+def _include_usage(body: dict[str, Any]) -> bool:
+    return isinstance(body.get("stream_options"), dict) and bool(body["stream_options"].get("include_usage"))
+
+
+def parse_tool_choice(value: Any, tools: list[dict[str, Any]] | None) -> tuple[str, str | None]:
+    """``tool_choice``: ``auto`` (default), ``none``, ``required``, or ``{"type": "function",
+    "function": {"name"}}`` -> ``("function", name)``."""
+    if value is None:
+        return "auto", None
+    if value in ("auto", "none", "required"):
+        if value == "required" and not tools:
+            raise BadRequest("tool_choice 'required' needs tools")
+        return value, None
+    if isinstance(value, dict) and value.get("type") == "function" and isinstance(value.get("function"), dict) \
+            and isinstance(value["function"].get("name"), str):
+        name = value["function"]["name"]
+        if name not in tool_names(tools):
+            raise BadRequest(f"tool_choice names a function that is not in tools: {name!r}")
+        return "function", name
+    raise BadRequest("tool_choice must be 'auto', 'none', 'required' or {\"type\": \"function\", "
+                     "\"function\": {\"name\": ...}}")
+
+
+def _sampling_into(body: dict[str, Any], req: GenerationRequest) -> None:
+    p = parse_sampling(body)
+    req.sampling, req.max_tokens, req.stop = p["sampling"], p["max_tokens"], p["stop"]
+    req.schema = response_schema(body.get("response_format"))
+    req.stream = flag(body, "stream", False)
+
+
+def chat_request(body: dict[str, Any], name: str, key: str, path: Any) -> GenerationRequest:
+    """/v1/chat/completions -> GenerationRequest."""
+    req = GenerationRequest(name, key, path, "chat", messages=parse_messages(body.get("messages")),
+                            tools=normalize_tools(body.get("tools")), keep_alive="default")
+    _sampling_into(body, req)
+    req.tool_choice, req.tool_name = parse_tool_choice(body.get("tool_choice"), req.tools)
+    req.parallel_tool_calls = flag(body, "parallel_tool_calls", True)
+    req.logprobs = flag(body, "logprobs", False)
+    req.top_logprobs = top_logprobs(body)
+    effort = body.get("reasoning_effort")
+    if effort is not None:
+        if effort not in ("low", "medium", "high", "none"):
+            raise BadRequest("reasoning_effort must be 'low', 'medium', 'high' or 'none'")
+        req.think = False if effort == "none" else effort
+    think = body.get("think")
+    if think is not None:
+        req.think = parse_think(think)
+    return req
+
+
+def completion_request(body: dict[str, Any], name: str, key: str, path: Any) -> GenerationRequest:
+    """/v1/completions -> GenerationRequest (a raw prompt: no chat template)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    if isinstance(prompt, list):
+        if not prompt or any(isinstance(t, bool) or not isinstance(t, int) for t in prompt):
+            raise BadRequest("prompt must be a string, a list of one string, or a list of token ids")
+    elif not isinstance(prompt, str):
+        raise BadRequest("prompt must be a string or a list of token ids")
+    if body.get("suffix"):
+        raise Unsupported(f"'{name}' does not support suffix")
+    lp = body.get("logprobs")
+    top = 0 if lp is None else int(number(lp, "logprobs", int))
+    if not 0 <= top <= 20:
+        raise BadRequest("logprobs must be between 0 and 20")
+    req = GenerationRequest(name, key, path, "raw", prompt=prompt, default_max_tokens=16,
+                            logprobs=lp is not None, top_logprobs=top)
+    _sampling_into(body, req)
+    return req
+
+
+# -- responses -------------------------------------------------------------------------------------
+def tool_calls_out(calls: list[Any]) -> list[dict[str, Any]]:
+    """OpenAI's ``tool_calls``: ids, arguments as a JSON string."""
+    return [{"id": c.id, "type": "function",
+             "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
+            for c in calls]
+
+
+class _OpenAIRenderer(GenerationRenderer):
+    sse = True
+    obj = ""
+    prefix = ""
+
+    def __init__(self, task: Any, body: dict[str, Any]) -> None:
+        super().__init__(task)
+        self.include_usage = _include_usage(body)
+        self.cid, self.created = new_id(self.prefix), int(time.time())
+
+    def head(self, obj: str) -> dict[str, Any]:
+        return {"id": self.cid, "object": obj, "created": self.created, "model": self.req.model,
+                "system_fingerprint": "fp_llmedge"}
+
+    def finish(self, result: GenerationResult, calls: bool) -> str:
+        return "tool_calls" if calls else finish_reason(result.done_reason)
+
+    def usage_chunk(self, result: GenerationResult) -> list[Any]:
+        if not self.include_usage:
+            return []
+        return [{**self.head(self.obj), "choices": [], "usage": usage(result.n_prompt, result.eval_count)}]
+
+    def answer(self, obj: str, choice: dict[str, Any], result: GenerationResult) -> dict[str, Any]:
+        return {**self.head(obj), "choices": [choice], "usage": usage(result.n_prompt, result.eval_count)}
+
+
+class ChatRenderer(_OpenAIRenderer):
+    """/v1/chat/completions: ``content``, ``reasoning_content`` and ``tool_calls`` (streamed as
+    ``delta.tool_calls``: index, id and name first, then the arguments)."""
+
+    obj, prefix = "chat.completion.chunk", "chatcmpl"
+
+    def __init__(self, task: Any, body: dict[str, Any]) -> None:
+        super().__init__(task, body)
+        self.index: dict[str, int] = {}  # call id -> its index + 1 in the stream
+
+    def chunk(self, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> dict[str, Any]:
+        return {**self.head(self.obj),
+                "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
+
+    def opening(self) -> list[Any]:
+        return [self.chunk({"role": "assistant", "content": ""})]
+
+    def delta(self, d: Delta) -> list[Any]:
+        out = []
+        if d.thinking:
+            out.append(self.chunk({"reasoning_content": d.thinking}))
+        if d.content:
+            out.append(self.chunk({"content": d.content}))
+        parts = list(d.fragments)  # a forced call streams as it is generated; others once parsed
+        for c in tool_calls_out(d.tool_calls):
+            if c["id"] not in self.index:
+                parts += [(c["id"], c["function"]["name"], ""), (c["id"], None, c["function"]["arguments"])]
+        for call_id, name, text in parts:
+            if name is not None:
+                self.index[call_id] = self.n_calls = len(self.index) + 1
+                out.append(self.chunk({"tool_calls": [{"index": self.index[call_id] - 1, "id": call_id,
+                                                       "type": "function",
+                                                       "function": {"name": name, "arguments": ""}}]}))
+            if text:
+                out.append(self.chunk({"tool_calls": [{"index": self.index[call_id] - 1,
+                                                       "function": {"arguments": text}}]}))
+        return out
+
+    def logprobs(self, result: GenerationResult) -> Any:
+        return chat_logprobs(result.records, result.piece) if self.req.logprobs else None
+
+    def done(self, result: GenerationResult) -> list[Any]:
+        return [self.chunk({}, self.finish(result, self.n_calls > 0), self.logprobs(result)),
+                *self.usage_chunk(result)]
+
+    def complete(self, d: Delta, result: GenerationResult) -> Any:
+        msg: dict[str, Any] = {"role": "assistant", "content": d.content}
+        if d.thinking:
+            msg["reasoning_content"] = d.thinking
+        if d.tool_calls:
+            msg["tool_calls"] = tool_calls_out(d.tool_calls)
+            msg["content"] = d.content or None
+        choice = {"index": 0, "message": msg, "logprobs": self.logprobs(result),
+                  "finish_reason": self.finish(result, bool(d.tool_calls))}
+        return self.answer("chat.completion", choice, result)
+
+
+class CompletionRenderer(_OpenAIRenderer):
+    """/v1/completions: ``text`` (the prompt first with ``echo``) and per-token log-probs."""
+
+    obj, prefix = "text_completion", "cmpl"
+
+    def __init__(self, task: Any, body: dict[str, Any]) -> None:
+        super().__init__(task, body)
+        prompt = self.req.prompt
+        self.echo = prompt if flag(body, "echo", False) and isinstance(prompt, str) else ""
+
+    def chunk(self, text: str, finish: str | None = None) -> dict[str, Any]:
+        return {**self.head(self.obj),
+                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
+
+    def opening(self) -> list[Any]:
+        return [self.chunk(self.echo)] if self.echo else []
+
+    def delta(self, d: Delta) -> list[Any]:
+        return [self.chunk(d.content)]
+
+    def done(self, result: GenerationResult) -> list[Any]:
+        return [self.chunk("", finish_reason(result.done_reason)), *self.usage_chunk(result)]
+
+    def complete(self, d: Delta, result: GenerationResult) -> Any:
+        choice = {"index": 0, "text": self.echo + d.content,
+                  "logprobs": completion_logprobs(result.records, result.piece) if self.req.logprobs else None,
+                  "finish_reason": finish_reason(result.done_reason)}
+        return self.answer("text_completion", choice, result)

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import math
-import os
 import queue
 import threading
 import time
@@ -31,12 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from llmedge.errors import LlmedgeError, StoreError
-from llmedge.server.security import HTTPError
+from llmedge.errors import ModelNotFoundError, StoreError
+from llmedge.server.config import DEFAULT_KEEP_ALIVE, DEFAULT_MAX_CTX, DEFAULT_NUM_CTX
+from llmedge.server.errors import BadOption, BadRequest, ModelNotFound, QueueFull, ShuttingDown
 
-DEFAULT_KEEP_ALIVE = 300.0
-DEFAULT_NUM_CTX = 4096
-DEFAULT_MAX_CTX = 131072
 PROMPT_ROWS_WHILE_DECODING = 128  # more prompt rows in a step than the first chunk, while others decode
 
 
@@ -52,11 +50,24 @@ class Loaded:
     model: Any
     path: Path
     num_ctx: int
-    size: int
     digest: str
+    parallel: int = 1
     expires_at: float | None = None
     last_used: float = field(default_factory=time.time)
     active: int = 0  # sequences running on it
+
+    held: int = 0  # anonymous memory the load and the first forward added (measured; 0 where unknown)
+    stepped: bool = False
+
+    @property
+    def size(self) -> int:
+        """Bytes the process holds for the model: the mapped weights, plus what loading it and its first
+        forward added (tokenizer, prepared weights, every slot's KV cache, committed at load, buffers)
+        where the OS says (Linux), else the slots' caches; plus the cached prefixes and scratch."""
+        engine = self.model.engine
+        pool = engine.slot_pool(self.parallel)
+        scratch = sum(c.scratch_bytes for c in pool.caches if c is not None)
+        return self.path.stat().st_size + max(self.held, pool.nbytes) + engine.prefix_cache.nbytes + scratch
 
 
 @dataclass
@@ -74,10 +85,10 @@ class GenTask(Protocol):
     """A generation request's two halves around the engine: prepare (on the engine thread, with the
     model loaded) a :class:`GenRequest` or an immediate result, and build the result once done."""
 
-    def prepare(self, job: Job, loaded: Loaded) -> GenRequest | dict[str, Any]: ...
+    def prepare(self, job: Job, loaded: Loaded) -> GenRequest | Any: ...
 
     def result(self, job: Job, loaded: Loaded, request: GenRequest, gen: Any,
-               out_ids: list[int]) -> dict[str, Any]: ...
+               out_ids: list[int]) -> Any: ...
 
 
 class Job:
@@ -155,6 +166,7 @@ class Scheduler:
                       "jobs": 0, "rejected": 0, "cancelled": 0}
         self._thread = threading.Thread(target=self._run, name="llmedge-engine", daemon=True)
         self._stopping = False
+        self._freed = False
         self._thread.start()
 
     # -- admission -------------------------------------------------------------------------------
@@ -163,14 +175,14 @@ class Scheduler:
         return max(0, self.pending - self.busy)
 
     def submit(self, job: Job) -> Job:
-        """Queue ``job``; HTTPError 503 when the slots and the queue are full or the server is stopping."""
+        """Queue ``job``; QueueFull (or ShuttingDown) when the slots and the queue are full or the server is stopping."""
         with self.lock:
             if self._stopping:
-                raise HTTPError(503, "the server is shutting down", headers={"Retry-After": "5"})
+                raise ShuttingDown()
             if self.pending >= self.parallel + self.max_queue:
                 self.stats["rejected"] += 1
-                raise HTTPError(503, f"server busy: {self.pending} requests in progress or queued "
-                                     f"(LLMEDGE_MAX_QUEUE={self.max_queue})", headers={"Retry-After": "1"})
+                raise QueueFull(f"server busy: {self.pending} requests in progress or queued "
+                                f"(LLMEDGE_MAX_QUEUE={self.max_queue})")
             self.pending += 1
         self._jobs.put(job)
         return job
@@ -186,31 +198,30 @@ class Scheduler:
 
     # -- models ----------------------------------------------------------------------------------
     def resolve(self, name: Any) -> tuple[str, Path]:
-        """``(key, path)`` for a store name; HTTPError 400 for paths and invalid names, 404 when absent."""
+        """``(key, path)`` for a store name; BadRequest for paths and invalid names, ModelNotFound when absent."""
         from llmedge.store import Store, looks_like_path, normalize_name
 
         if not isinstance(name, str) or not name.strip():
-            raise HTTPError(400, "model is required")
+            raise BadRequest("model is required")
+        if looks_like_path(name):  # a client must not make the server open files of its choosing
+            raise BadRequest(f"invalid model name {name[:100]!r}: use a name from the store")
         try:
-            if looks_like_path(name):  # a client must not make the server open files of its choosing
-                raise HTTPError(400, f"invalid model name {name[:100]!r}: use a name from the store")
             key = normalize_name(name)
             return key, Store().resolve(name, pull=False)
+        except ModelNotFoundError:
+            raise ModelNotFound(name) from None
         except StoreError as e:
-            msg = str(e)
-            if "invalid model name" in msg:
-                raise HTTPError(400, msg) from None
-            raise HTTPError(404, f"model '{name}' not found") from None
+            raise BadRequest(str(e)) from None
 
     def check_ctx(self, num_ctx: Any) -> int | None:
         if num_ctx is None:
             return None
         if isinstance(num_ctx, bool) or not isinstance(num_ctx, int | float) or not math.isfinite(num_ctx) \
                 or int(num_ctx) != num_ctx:
-            raise HTTPError(400, "option num_ctx must be an integer")
+            raise BadOption("option num_ctx must be an integer")
         n = int(num_ctx)
         if n < 8 or n > self.max_ctx:
-            raise HTTPError(400, f"option num_ctx={n} is out of range (8..{self.max_ctx}, LLMEDGE_MAX_CTX)")
+            raise BadOption(f"option num_ctx={n} is out of range (8..{self.max_ctx}, LLMEDGE_MAX_CTX)")
         return n
 
     def ps(self) -> list[Loaded]:
@@ -246,11 +257,13 @@ class Scheduler:
                 idle = [m for m in self.loaded.values() if m.active == 0] or list(self.loaded.values())
                 self._unload(min(idle, key=lambda m: m.last_used).name)
             t0 = time.perf_counter_ns()
+            anon0 = anon_rss()
             model = Model(job.path, backend=self.backend, n_ctx=want_ctx, n_threads=self.n_threads,
                           name=job.name)
+            _commit_slots(model, self.parallel)
             job.load_duration = time.perf_counter_ns() - t0
-            size = job.path.stat().st_size + model.cache_bytes
-            cur = Loaded(job.name, model, job.path, model.n_ctx, size, _short_digest(job.path))
+            cur = Loaded(job.name, model, job.path, model.n_ctx, _short_digest(job.path), self.parallel,
+                         held=max(0, anon_rss() - anon0))
             with self.lock:
                 self.loaded[job.name] = cur
         _apply_defaults(cur.model, job.name)
@@ -259,14 +272,17 @@ class Scheduler:
 
     def _unload(self, name: str) -> None:
         with self.lock:
-            self.loaded.pop(name, None)
+            gone = self.loaded.pop(name, None)
+        if gone is not None:
+            self._freed = True  # collected once the engine thread's frames let go of it
 
     def _expire(self) -> None:
         now = time.time()
         with self.lock:
-            for name in [n for n, m in self.loaded.items()
-                         if m.expires_at is not None and m.expires_at <= now and m.active == 0]:
-                del self.loaded[name]
+            expired = [n for n, m in self.loaded.items()
+                       if m.expires_at is not None and m.expires_at <= now and m.active == 0]
+        for name in expired:
+            self._unload(name)
 
     def _set_expiry(self, loaded: Loaded, keep_alive: float | None | str) -> None:
         ka = self.keep_alive if keep_alive == "default" else keep_alive
@@ -307,6 +323,9 @@ class Scheduler:
             if idle or now - last_expire > 0.5:
                 self._expire()
                 last_expire = now
+            if self._freed:  # an unloaded model's arrays and mapping go now, not at some later collection
+                self._freed = False
+                gc.collect()
 
     def _admit(self) -> None:
         """Start what can start, in arrival order: a cancelled job ends; a generation job takes a free
@@ -317,7 +336,7 @@ class Scheduler:
             if job.cancelled.is_set():
                 self._end(job, ("error", Cancelled()), cancelled=True)
             elif self._stopping:
-                self._end(job, ("error", HTTPError(503, "the server is shutting down")))
+                self._end(job, ("error", ShuttingDown()))
             elif job.name is not None and (job.name in blocked or not self._can_ensure(job)):
                 keep.append(job)
                 blocked.add(job.name)
@@ -341,7 +360,7 @@ class Scheduler:
             loaded = self._ensure(job)
             job.started = True
             request = job.task.prepare(job, loaded)
-            if isinstance(request, dict):
+            if not isinstance(request, GenRequest):  # answered without generating (a load, an unload)
                 self._set_expiry(loaded, job.keep_alive)
                 self._end(job, ("done", request))
                 return True
@@ -396,7 +415,11 @@ class Scheduler:
             engine = group[0].loaded.model.engine
             decoding = any(a.gen.decoding for a in group)
             rows = min(engine.n_batch, PROMPT_ROWS_WHILE_DECODING) if decoding else engine.n_batch
+            first, anon0 = not group[0].loaded.stepped, anon_rss()
             outs = engine.step([a.gen for a in group], rows)
+            if first:  # the forward's buffers are allocated once, on the first step: the model's too
+                group[0].loaded.stepped = True
+                group[0].loaded.held += max(0, anon_rss() - anon0)
             self.steps += 1
             self.sequence_steps += len(group)
             for a, chunks in zip(group, outs):
@@ -444,7 +467,7 @@ class Scheduler:
         for a in list(self._active):
             self._finish(a, Cancelled())
         for job in self._waiting:
-            self._end(job, ("error", HTTPError(503, "the server is shutting down")))
+            self._end(job, ("error", ShuttingDown()))
         self._waiting = []
         while True:
             try:
@@ -452,7 +475,7 @@ class Scheduler:
             except queue.Empty:
                 return
             if job is not None:
-                self._end(job, ("error", HTTPError(503, "the server is shutting down")))
+                self._end(job, ("error", ShuttingDown()))
 
 
 def _apply_defaults(model: Any, name: str) -> None:
@@ -466,6 +489,28 @@ def _apply_defaults(model: Any, name: str) -> None:
         apply(model, config)
 
 
+def anon_rss() -> int:
+    """The process's resident anonymous memory in bytes (Linux /proc; 0 elsewhere)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _commit_slots(model: Any, parallel: int) -> None:
+    """Allocate every sequence slot's KV cache and write its pages, as llama.cpp clears its KV buffer: a
+    server's memory is then what it reports from the start, not a later surprise."""
+    pool = model.engine.slot_pool(parallel)
+    for i in range(len(pool)):
+        arena = getattr(pool.cache(i), "arena", None)
+        if arena is not None:
+            arena.buffer.fill(0)
+
+
 def _short_digest(path: Path) -> str:
     """The blob's digest from its store file name, else a cheap stand-in (no hashing of a large file)."""
     name = path.name
@@ -475,16 +520,6 @@ def _short_digest(path: Path) -> str:
     import hashlib
 
     return "sha256:" + hashlib.sha256(f"{path}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()
-
-
-def env_int(name: str, default: int) -> int:
-    v = os.environ.get(name)
-    if v is None or not v.strip():
-        return default
-    try:
-        return int(v)
-    except ValueError:
-        raise LlmedgeError(f"{name}={v!r} is not an integer") from None
 
 
 def count_tokens(stats: dict[str, int], prompt: int, generated: int, prompt_ns: int, eval_ns: int) -> None:
@@ -497,4 +532,4 @@ def count_tokens(stats: dict[str, int], prompt: int, generated: int, prompt_ns: 
 def ids_in_range(ids: Sequence[int], n_vocab: int) -> None:
     for t in ids:
         if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < n_vocab:
-            raise HTTPError(400, f"token id {t!r} is out of range for a vocabulary of {n_vocab}")
+            raise BadRequest(f"token id {t!r} is out of range for a vocabulary of {n_vocab}")

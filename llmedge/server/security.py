@@ -16,34 +16,13 @@ from typing import Any
 
 from starlette.responses import JSONResponse, Response
 
+from llmedge.server.errors import BadRequest, HTTPError, error_body  # noqa: F401 - HTTPError: re-exported
+
 DEFAULT_MAX_BODY = 16 << 20  # bytes; LLMEDGE_MAX_BODY overrides
 UNLIMITED_BODY_PREFIXES = ("/api/blobs/",)  # model uploads: streamed to disk and digest-checked
 PUBLIC_PATHS = frozenset({"/", "/health"})
 LOCAL_ORIGIN_HOSTS = ("localhost", "127.0.0.1", "[::1]", "0.0.0.0")
 LOCAL_SCHEMES = ("app", "file", "tauri", "vscode-webview", "vscode-file")
-
-
-class HTTPError(Exception):
-    """A request refused with ``status`` and a one-line ``message`` (rendered in the route's API shape)."""
-
-    def __init__(self, status: int, message: str, type_: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type_
-        self.headers = headers
-
-
-def error_body(path: str, status: int, message: str, type_: str | None = None) -> dict[str, Any]:
-    """Ollama's ``{"error": msg}``; under ``/v1`` OpenAI's ``{"error": {"message", "type", ...}}``."""
-    if path.startswith("/v1"):
-        kind = type_ or {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
-                         413: "invalid_request_error", 429: "rate_limit_error",
-                         503: "server_error"}.get(status, "invalid_request_error" if status < 500
-                                                 else "server_error")
-        return {"error": {"message": message, "type": kind, "param": None, "code": None}}
-    return {"error": message}
 
 
 def error_response(path: str, status: int, message: str, type_: str | None = None,
@@ -209,15 +188,15 @@ def _no_constant(name: str) -> Any:
 
 
 def parse_json_body(raw: bytes, path: str) -> dict[str, Any]:
-    """The request's JSON object, or an HTTPError 400 saying why not."""
+    """The request's JSON object, or BadRequest saying why not."""
     if not raw.strip():
-        raise HTTPError(400, "missing request body")
+        raise BadRequest("missing request body")
     try:
         data = json.loads(raw, parse_constant=_no_constant)
     except (ValueError, UnicodeDecodeError) as e:
-        raise HTTPError(400, f"invalid JSON: {e}") from None
+        raise BadRequest(f"invalid JSON: {e}") from None
     except RecursionError:
-        raise HTTPError(400, "invalid JSON: nested too deeply") from None
+        raise BadRequest("invalid JSON: nested too deeply") from None
     if not isinstance(data, dict):
-        raise HTTPError(400, "the request body must be a JSON object")
+        raise BadRequest("the request body must be a JSON object")
     return data

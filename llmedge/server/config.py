@@ -1,0 +1,93 @@
+"""The server's configuration: every setting of ``llmedge serve`` (flags, else environment, else
+defaults) in one dataclass, and the reading of the environment into it."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from llmedge.errors import LlmedgeError
+from llmedge.server.errors import HTTPError
+from llmedge.server.security import DEFAULT_MAX_BODY, env_origins
+
+DEFAULT_KEEP_ALIVE = 300.0
+DEFAULT_NUM_CTX = 4096
+DEFAULT_MAX_CTX = 131072
+
+
+@dataclass
+class ServerConfig:
+    """Everything ``llmedge serve`` can set (flags, else environment, else defaults)."""
+
+    host: str = "127.0.0.1"
+    port: int = 11434
+    parallel: int = 4
+    max_queue: int = 64
+    keep_alive: float | None = DEFAULT_KEEP_ALIVE
+    num_ctx: int = DEFAULT_NUM_CTX
+    max_ctx: int = DEFAULT_MAX_CTX
+    api_key: str | None = None
+    origins: list[str] = field(default_factory=list)
+    max_body: int = DEFAULT_MAX_BODY
+    backend: str = "auto"
+    n_threads: int | None = None
+    max_loaded: int = 2
+    announce: bool = False  # print a line on stderr once shut down (the serve command)
+
+
+def env_int(name: str, default: int) -> int:
+    v = os.environ.get(name)
+    if v is None or not v.strip():
+        return default
+    try:
+        return int(v)
+    except ValueError:
+        raise LlmedgeError(f"{name}={v!r} is not an integer") from None
+
+
+def _host_port(host: str, c: ServerConfig) -> None:
+    if host.startswith("http://"):
+        host = host[len("http://"):]
+    if host.startswith("[") and "]" in host:
+        h, _, port = host[1:].partition("]")
+        c.host = h
+        if port.startswith(":"):
+            c.port = int(port[1:])
+    elif host.count(":") == 1:
+        h, port = host.split(":")
+        c.host, c.port = h or c.host, int(port)
+    else:
+        c.host = host
+
+
+def config_from_env(**overrides: Any) -> ServerConfig:
+    """A ServerConfig from LLMEDGE_* variables (``OLLAMA_KEEP_ALIVE`` when ``LLMEDGE_KEEP_ALIVE`` is
+    unset), then explicit overrides (None means unset)."""
+    from llmedge.server.ollama import parse_keep_alive
+
+    c = ServerConfig()
+    host = os.environ.get("LLMEDGE_HOST", "")
+    if host:
+        _host_port(host, c)
+    c.parallel = env_int("LLMEDGE_NUM_PARALLEL", c.parallel)
+    c.max_queue = env_int("LLMEDGE_MAX_QUEUE", c.max_queue)
+    c.num_ctx = env_int("LLMEDGE_CONTEXT_LENGTH", c.num_ctx)
+    c.max_ctx = env_int("LLMEDGE_MAX_CTX", c.max_ctx)
+    c.max_body = env_int("LLMEDGE_MAX_BODY", c.max_body)
+    c.max_loaded = env_int("LLMEDGE_MAX_LOADED_MODELS", c.max_loaded)
+    for var in ("LLMEDGE_KEEP_ALIVE", "OLLAMA_KEEP_ALIVE"):
+        ka = os.environ.get(var)
+        if ka:
+            try:
+                parsed = parse_keep_alive(ka)
+            except HTTPError as e:
+                raise LlmedgeError(f"{var}: {e.message}") from None
+            c.keep_alive = None if parsed is None else float(parsed)  # type: ignore[arg-type]
+            break
+    c.api_key = os.environ.get("LLMEDGE_API_KEY") or None
+    c.origins = env_origins()
+    for k, v in overrides.items():
+        if v is not None:
+            setattr(c, k, v)
+    return c
