@@ -117,6 +117,7 @@ class GenerationTask:
                     "total_duration": time.perf_counter_ns() - job.t_arrival}
         sampling, max_tokens, stop, n_keep = request_options(model.defaults, spec.sampling, spec.max_tokens,
                                                              spec.stop, spec.num_keep)
+        speculative = {**server_speculation(), **{k: sampling.pop(k) for k in ol.SPECULATIVE_OPTIONS if k in sampling}}
         sampler = RequestSampler(SamplingOptions(**sampling), model.tokenizer, spec.grammar,
                                  spec.logprobs, spec.top_logprobs)
         if n_keep is None and spec.keep_from is not None:
@@ -124,13 +125,17 @@ class GenerationTask:
         if max_tokens is None:
             max_tokens = spec.default_max_tokens
         max_tokens = max_tokens if max_tokens is not None and max_tokens >= 0 else model.n_ctx
-        return GenRequest(ids, sampler, max_tokens, stop, n_keep)
+        return GenRequest(ids, sampler, max_tokens, stop, n_keep, spec=model.spec_config(**speculative))
 
     def result(self, job: Job, loaded: Loaded, request: GenRequest, gen: Any, out_ids: list[int]
                ) -> dict[str, Any]:
         t = gen.timings
         count_tokens(self.stats, t.prompt_eval_count, t.eval_count, t.prompt_eval_duration, t.eval_duration)
+        speculative = {k: int(t.extra[k]) for k in ("draft_tokens", "draft_accepted") if k in t.extra}
+        for k, v in speculative.items():
+            self.stats[k] = self.stats.get(k, 0) + v
         return {**self._base(job, loaded.model, request.ids), "done_reason": t.done_reason or "stop",
+                "speculative": speculative,
                 "prompt_eval_count": t.prompt_eval_count, "prompt_eval_duration": t.prompt_eval_duration,
                 "eval_count": t.eval_count, "eval_duration": t.eval_duration,
                 "total_duration": time.perf_counter_ns() - job.t_arrival, "out_ids": out_ids,
@@ -873,6 +878,24 @@ def create_app(config: ServerConfig | None = None) -> Any:
                              on_response=server.metrics.on_response)
     app.server = server  # type: ignore[attr-defined]
     return app
+
+
+def server_speculation() -> dict[str, Any]:
+    """Speculative decoding for every request (``llmedge serve --lookup / --draft-model ...``, passed
+    as LLMEDGE_LOOKUP, LLMEDGE_DRAFT_MODEL, LLMEDGE_DRAFT_MAX, LLMEDGE_DRAFT_MIN); a request's
+    ``options`` override the numbers."""
+    out: dict[str, Any] = {}
+    for key, env in (("lookup", "LLMEDGE_LOOKUP"), ("draft_max", "LLMEDGE_DRAFT_MAX"),
+                     ("draft_min", "LLMEDGE_DRAFT_MIN")):
+        value = os.environ.get(env, "").strip()
+        if value:
+            try:
+                out[key] = int(value)
+            except ValueError:
+                raise LlmedgeError(f"{env} must be a whole number, not {value!r}") from None
+    if os.environ.get("LLMEDGE_DRAFT_MODEL"):
+        out["draft_model"] = os.environ["LLMEDGE_DRAFT_MODEL"]
+    return out
 
 
 def config_from_env(**overrides: Any) -> ServerConfig:

@@ -60,6 +60,9 @@ def parse_stop(value: Any) -> tuple[str, ...]:
     raise HTTPError(400, "stop must be a string or a list of strings")
 
 
+SPECULATIVE_OPTIONS = ("lookup", "draft_max", "draft_min")  # GenerationTask.prepare takes them out of sampling
+
+
 def parse_options(options: Any) -> dict[str, Any]:
     """Ollama ``options`` -> ``{"sampling": {...}, "max_tokens", "stop", "num_ctx", "num_keep"}``."""
     if options is None:
@@ -86,6 +89,8 @@ def parse_options(options: Any) -> dict[str, Any]:
             out["num_ctx"] = int(number(value, key, int))
         elif key == "num_keep":
             out["num_keep"] = int(number(value, key, int))
+        elif key in SPECULATIVE_OPTIONS:  # llmedge's: speculative decoding (llama.cpp's names)
+            sampling[key] = int(number(value, key, int))
         elif key in IGNORED_OPTIONS:
             continue
         else:
@@ -153,6 +158,7 @@ def final_fields(result: dict[str, Any]) -> dict[str, Any]:
         "prompt_eval_duration": result["prompt_eval_duration"],
         "eval_count": result["eval_count"],
         "eval_duration": result["eval_duration"],
+        **result.get("speculative", {}),  # draft_tokens, draft_accepted when speculation ran (llmedge's)
     }
 
 
