@@ -312,9 +312,13 @@ class Decoder:
     def row_exact_batches(self) -> bool:
         """True when a multi-row ``row_exact`` step runs in one forward with every row's numbers as
         alone (the native fused stack); else :func:`forward_rows` runs such rows one by one."""
-        be = self.backend
-        return (getattr(be, "matmul_rows", None) is not None and getattr(be, "decoder_layers", None) is not None
-                and getattr(be, "stack_supported", lambda m: False)(self))
+        known = self.__dict__.get("_row_exact")
+        if known is None:
+            be = self.backend
+            known = self._row_exact = (getattr(be, "matmul_rows", None) is not None
+                                       and getattr(be, "decoder_layers", None) is not None
+                                       and getattr(be, "stack_supported", lambda m: False)(self))
+        return known
 
     def make_cache(self, n_ctx: int, kv_type: str = "f16", max_batch: int = 512) -> SequenceCache:
         """Full caches, rings for sliding-window layers; also picks LongRoPE's factors for ``n_ctx``."""

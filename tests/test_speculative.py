@@ -201,3 +201,20 @@ def test_row_exact_products_equal_one_row_products_on_every_tier(ggml_type: str)
             assert np.array_equal(be.matmul_rows(x, w), alone), isa
     finally:
         be.set_isa(NativeBackend.available_isas()[-1])
+
+
+@pytest.mark.parametrize("backend", ["numpy", "native"])
+def test_a_backend_without_row_exact_batches_verifies_row_by_row(tmp_path: Path, backend: str) -> None:
+    """The numpy reference has no row-exact multi-row path: its verify rows run one at a time and the
+    tokens stay the plain ones; the native one verifies in one forward (a tiny Gemma 3: ring caches)."""
+    import tiny_models as tm
+
+    path = tm.write("gemma3", tmp_path / "gemma3.gguf")
+    target = Model(path, backend=backend, n_ctx=128)
+    draft = Model(path, backend=backend, n_ctx=128)
+    assert target.model.row_exact_batches == (backend == "native")
+    ids = tm.prompt_ids("gemma3", 12)
+    plain, _ = greedy(target, ids, 16)
+    spec, extra = greedy(target, ids, 16, draft_model=draft, draft_max=4)
+    assert spec == plain
+    assert extra["verify_forwards"] > 0 and extra["draft_accepted"] > 0
