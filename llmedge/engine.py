@@ -215,6 +215,8 @@ class Generation:
             del self.todo[:n_fed]
             if self.todo:
                 return []
+            if self.spec is not None:  # a draft model reads the prompt too (prompt time, as llama.cpp)
+                self.spec.prefill(self.cache.tokens)
             self.t1 = time.perf_counter_ns()
             self.timings.prompt_eval_duration = self.t1 - self.t0
             if self.max_tokens == 0:  # only the prompt was asked for

@@ -149,10 +149,12 @@ class ModelDrafter:
         self.cache = draft.cache_for(target_cache)
         self.p_min = p_min
 
-    def propose(self, context: list[int], k: int) -> list[int]:
+    def sync(self, context: list[int]) -> np.ndarray | None:
+        """Bring the draft's cache to ``context`` (rejected drafts rolled back, new tokens evaluated);
+        the logits after it, or None when it does not fit the draft's context."""
         eng, cache = self.draft.engine, self.cache
-        if len(context) + k > eng.n_ctx:
-            return []
+        if len(context) >= eng.n_ctx or not context:
+            return None
         common = common_prefix(cache.tokens, context)
         if common == len(context):  # the last token must be evaluated for its logits
             common -= 1
@@ -161,7 +163,19 @@ class ModelDrafter:
             cache.rollback(drop)  # rejected drafts: the newest cells, rewound in place
         elif not cache.trim_to(common):
             common = 0
-        logits = eng.forward(cache, context[cache.offset :])[-1]
+        return eng.forward(cache, context[cache.offset :])[-1]
+
+    def prefill(self, context: list[int]) -> None:
+        """Evaluate the prompt in the draft's cache too (with the target's prompt, not in decode time)."""
+        self.sync(context)
+
+    def propose(self, context: list[int], k: int) -> list[int]:
+        if len(context) + k > self.draft.engine.n_ctx:
+            return []
+        eng, cache = self.draft.engine, self.cache
+        logits = self.sync(context)
+        if logits is None:
+            return []
         out: list[int] = []
         while True:
             t = int(np.argmax(logits))
@@ -209,6 +223,8 @@ class Speculation:
     def propose(self, context: list[int], room: int) -> list[int]:
         """A draft of at most ``room`` tokens to follow ``context`` (none: decode one token)."""
         k = min(self.k, room, self.config.draft_max)
+        if self.t1 is None and self.verifies:
+            return []  # drafts every step so far (a draft model): one plain step, to know what it costs
         if self.k == 0:
             self.since_probe += 1
             if self.since_probe < self.PROBE_EVERY:
@@ -222,6 +238,12 @@ class Speculation:
             if len(draft) >= max(1, self.config.draft_min):
                 return draft
         return []
+
+    def prefill(self, context: list[int]) -> None:
+        """The prompt is evaluated: drafters with a cache of their own evaluate it now."""
+        for d in self.drafters:
+            if hasattr(d, "prefill"):
+                d.prefill(context)
 
     def record(self, n_draft: int, n_accepted: int, seconds: float | None = None) -> None:
         """Account for one decode step that verified ``n_draft`` tokens, ``n_accepted`` taken, in

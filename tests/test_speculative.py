@@ -218,3 +218,18 @@ def test_a_backend_without_row_exact_batches_verifies_row_by_row(tmp_path: Path,
     spec, extra = greedy(target, ids, 16, draft_model=draft, draft_max=4)
     assert spec == plain
     assert extra["verify_forwards"] > 0 and extra["draft_accepted"] > 0
+
+
+def test_a_draft_model_that_costs_more_than_it_saves_is_turned_off() -> None:
+    class Always:
+        def propose(self, context: list[int], k: int) -> list[int]:
+            return [1] * k
+
+    s = Speculation(SpecConfig(lookup=3, draft_max=8), cache=None)  # type: ignore[arg-type]
+    s.drafters = [Always()]
+    assert s.propose([0], 8)  # no costs known yet: a draft
+    s.record(4, 4, 0.010 + 4 * 0.012)  # every draft token costs more than a plain step
+    assert s.propose([0], 8) == []  # the one plain step that measures t1
+    s.record(0, 0, 0.010)
+    s.record(4, 4, 0.010 + 4 * 0.012)
+    assert s.k == 0 and s.propose([0], 8) == []
