@@ -233,3 +233,21 @@ def test_a_draft_model_that_costs_more_than_it_saves_is_turned_off() -> None:
     s.record(0, 0, 0.010)
     s.record(4, 4, 0.010 + 4 * 0.012)
     assert s.k == 0 and s.propose([0], 8) == []
+
+
+def test_run_lookup_flag_without_a_value_uses_ngrams_of_three_and_reports_drafts(smollm2_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from llmedge.cli.main import optional_values
+
+    assert optional_values(["run", "m", "--lookup", "--verbose"]) == ["run", "m", "--lookup=3", "--verbose"]
+    assert optional_values(["run", "m", "--lookup", "2"]) == ["run", "m", "--lookup", "2"]
+    assert optional_values(["run", "m", "--", "--lookup"]) == ["run", "m", "--", "--lookup"]
+    r = subprocess.run([sys.executable, "-m", "llmedge.cli.main", "run", str(smollm2_path), COPY_PROMPT,
+                        "--temperature", "0", "--num-predict", "24", "--lookup", "--verbose"],
+                       capture_output=True, text=True, env=dict(os.environ), timeout=120, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("The committee met on")
+    assert "draft tokens:" in r.stderr and "tokens per forward" in r.stderr
