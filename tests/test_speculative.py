@@ -106,10 +106,10 @@ def test_verify_keeps_the_samplers_distribution() -> None:
     logits = np.array([2.0, 1.5, 1.0, 0.2, -1.0, -3.0], dtype=np.float32)
     s = Sampler(SamplingOptions(temperature=0.9, top_k=0, top_p=1.0, min_p=0.0, seed=1))
     p = softmax(logits.astype(np.float64) / 0.9)
-    n = 40000
+    n = 12000  # 4 standard deviations of a frequency near 0.5 is 0.018
     for draft in (0, 3):
         counts = np.bincount([s.verify(logits, (), draft) for _ in range(n)], minlength=len(p))
-        assert np.abs(counts / n - p).max() < 0.01, (draft, counts / n, p)
+        assert np.abs(counts / n - p).max() < 0.02, (draft, counts / n, p)
 
 
 def test_verify_at_temperature_zero_is_the_argmax() -> None:
