@@ -33,6 +33,11 @@ def bench(
         "--rss-probe/--no-rss-probe",
         help="With --compare: measure each runtime's peak RSS in a fresh process.")] = True,
     progress: Annotated[bool, typer.Option("--progress", help="Print progress lines on stderr.")] = False,
+    speculative: Annotated[bool, typer.Option(
+        "--speculative", help="Instead: greedy decode rate on copy-heavy tasks, plain vs --lookup (and "
+                              "--draft-model), with accepted tokens per forward.")] = False,
+    draft_model: Annotated[str | None, typer.Option("--draft-model", help="With --speculative: a draft model.")]
+    = None,
 ) -> None:
     """Benchmark prompt processing (ppN) and generation (tgN) as llama-bench does."""
     from llmedge.bench import OUTPUT_FORMATS, BenchParams, format_results, parse_int_list, run_bench
@@ -40,6 +45,18 @@ def bench(
 
     if output not in OUTPUT_FORMATS:
         raise LlmedgeError(f"unknown output format '{output}' (choose from {', '.join(OUTPUT_FORMATS)})")
+    if speculative:
+        from llmedge.bench import format_speculative, speculative_bench
+
+        def note(msg: str) -> None:
+            if progress:
+                sys.stderr.write(f"llmedge bench: {msg}\n")
+
+        rows = speculative_bench(model, n_gen=parse_int_list(n_gen, "-n")[0], reps=repetitions, backend=backend,
+                                 n_threads=parse_int_list(threads, "-t")[0] if threads else None,
+                                 draft_model=draft_model, progress=note)
+        sys.stdout.write(format_speculative(rows, output))
+        return
     params = BenchParams(
         n_prompt=parse_int_list(n_prompt, "-p"), n_gen=parse_int_list(n_gen, "-n"),
         n_threads=parse_int_list(threads, "-t") if threads else [], n_batch=batch_size, n_ubatch=ubatch_size,

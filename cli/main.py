@@ -45,7 +45,7 @@ def main() -> None:
     from llmedge.errors import LlmedgeError
 
     try:
-        app(standalone_mode=False)
+        app(args=optional_values(sys.argv[1:]), standalone_mode=False)
     except LlmedgeError as e:
         _fail(str(e))
     except KeyboardInterrupt:
@@ -62,6 +62,22 @@ def main() -> None:
         if os.environ.get("LLMEDGE_DEBUG"):
             raise
         _fail(f"{type(e).__name__}: {e}")
+
+
+OPTIONAL_VALUES = {"--lookup": "3"}  # llama.cpp-style options whose value may be left out (--lookup[=NGRAM])
+
+
+def optional_values(args: list[str]) -> list[str]:
+    """``--lookup`` without a number becomes ``--lookup=3`` (Typer's options always take their value)."""
+    out = []
+    for i, a in enumerate(args):
+        if a == "--":
+            return out + args[i:]
+        nxt = args[i + 1] if i + 1 < len(args) else None
+        if a in OPTIONAL_VALUES and not (nxt is not None and nxt.isdigit()):
+            a = f"{a}={OPTIONAL_VALUES[a]}"
+        out.append(a)
+    return out
 
 
 def _fail(message: str) -> None:

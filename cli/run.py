@@ -14,7 +14,17 @@ from typing import Annotated
 
 import typer
 
-from llmedge.cli.options import BackendOpt, Ctx, ModelArg, Threads
+from llmedge.cli.options import (
+    BackendOpt,
+    Ctx,
+    DraftMaxOpt,
+    DraftMinOpt,
+    DraftModelOpt,
+    LookupOpt,
+    ModelArg,
+    Threads,
+    speculation_options,
+)
 
 
 def run(
@@ -42,12 +52,19 @@ def run(
     think: Annotated[bool | None, typer.Option("--think/--no-think", help="Turn the model's reasoning on or off "
                                                "(models whose template supports it; default: the template's).")
                      ] = None,
+    draft_model: DraftModelOpt = None,
+    draft_max: DraftMaxOpt = None,
+    draft_min: DraftMinOpt = None,
+    lookup: LookupOpt = None,
 ) -> None:
     """Run a model: print its answer to PROMPT, or chat when no prompt is given."""
     from llmedge.cli.progress import load_with_progress
 
     m = load_with_progress(model, backend=backend, n_ctx=ctx, n_threads=threads, kv_type=kv_type,
                            insecure=insecure)
+    m.speculation = speculation_options(draft_model, draft_max, draft_min, lookup)
+    if m.speculation:
+        m.spec_config(**m.speculation)  # a bad draft model fails here, in one line, before any output
     given = dict(temperature=temperature, seed=seed, top_k=top_k, top_p=top_p, min_p=min_p)
     options = {k: v for k, v in given.items() if v is not None}
     options.update(shift=not no_shift, max_tokens=-1 if num_predict is None else num_predict)
@@ -89,7 +106,9 @@ def run(
                   num_predict=num_predict)  # None: the model's default, else the chat's
 
     def reload(n_ctx: int):
-        return load_with_progress(model, backend=backend, n_ctx=n_ctx, n_threads=threads, kv_type=kv_type)
+        m2 = load_with_progress(model, backend=backend, n_ctx=n_ctx, n_threads=threads, kv_type=kv_type)
+        m2.speculation = m.speculation
+        return m2
 
     chat(m, params, verbose=verbose, reload=reload, think=think)
 
@@ -143,4 +162,13 @@ def print_timings(t) -> None:
         f"eval duration:        {t.eval_duration / 1e9:.6f}s",
         f"eval rate:            {rate(t.eval_count, t.eval_duration)}",
     ]
+    extra = getattr(t, "extra", {}) or {}
+    if "draft_tokens" in extra:  # speculative decoding (llama.cpp reports "accept" the same way)
+        drafted, accepted = int(extra["draft_tokens"]), int(extra["draft_accepted"])
+        forwards = int(extra.get("decode_forwards", 0)) or 1
+        lines += [
+            f"draft tokens:         {drafted} token(s), {accepted} accepted "
+            f"({100 * accepted / drafted if drafted else 0:.1f}%)",
+            f"decode forwards:      {forwards} ({t.eval_count / forwards:.2f} tokens per forward)",
+        ]
     sys.stderr.write("\n".join(lines) + "\n")

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from llmedge.cli.options import BackendOpt, Threads
+from llmedge.cli.options import BackendOpt, DraftMaxOpt, DraftMinOpt, DraftModelOpt, LookupOpt, Threads
 
 
 def serve(
@@ -22,8 +22,14 @@ def serve(
                                                               "LLMEDGE_API_KEY.")] = False,
     backend: BackendOpt = "auto",
     threads: Threads = None,
+    draft_model: DraftModelOpt = None,
+    draft_max: DraftMaxOpt = None,
+    draft_min: DraftMinOpt = None,
+    lookup: LookupOpt = None,
 ) -> None:
     """Serve Ollama's API (/api/...) and OpenAI's (/v1/...) on 127.0.0.1:11434."""
+    import os
+
     import uvicorn
 
     from llmedge.errors import LlmedgeError
@@ -41,6 +47,11 @@ def serve(
         raise LlmedgeError(f"--max-queue / LLMEDGE_MAX_QUEUE must not be negative, not {config.max_queue}")
     if not 0 < config.port < 65536:
         raise LlmedgeError(f"invalid port {config.port}")
+    # speculative decoding for every request (the server reads LLMEDGE_LOOKUP, ... per request)
+    for env, value in (("LLMEDGE_DRAFT_MODEL", draft_model), ("LLMEDGE_DRAFT_MAX", draft_max),
+                       ("LLMEDGE_DRAFT_MIN", draft_min), ("LLMEDGE_LOOKUP", lookup)):
+        if value is not None:
+            os.environ[env] = str(value)
     app = create_app(config)
     typer.echo(f"llmedge serving on http://{config.host}:{config.port} (Ctrl+C to stop)", err=True)
     uvicorn.run(app, host=config.host, port=config.port, log_level="warning", timeout_graceful_shutdown=5,

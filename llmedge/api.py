@@ -17,10 +17,12 @@ from llmedge.kvcache import check_kv_type
 from llmedge.modelcheck import check_model_file
 from llmedge.models import model_class
 from llmedge.sampling import Sampler, SamplingOptions
+from llmedge.speculative import DEFAULT_DRAFT_MAX, DEFAULT_LOOKUP_NGRAM, DEFAULT_P_MIN, DraftModel, SpecConfig
 from llmedge.template import ChatTemplate
 from llmedge.tokenizer import Tokenizer
 
 _SAMPLING_FIELDS = set(SamplingOptions.__dataclass_fields__)
+SPEC_FIELDS = ("draft_model", "lookup", "draft_max", "draft_min", "draft_p_min")  # speculative decoding
 
 
 class Model:
@@ -51,6 +53,8 @@ class Model:
         self._digest: str | None = None
         self.defaults: dict[str, Any] = {}  # Modelfile / registry defaults (llmedge.defaults.apply)
         self.template_origin = self.template.name
+        self.speculation: dict[str, Any] = {}  # default speculative options (``--lookup``, ``--draft-model``)
+        self._drafts: dict[str, DraftModel] = {}
 
     # -- text <-> tokens -------------------------------------------------------------------------
     def tokenize(self, text: str, add_bos: bool = False, special: bool = False) -> list[int]:
@@ -102,14 +106,42 @@ class Model:
         n_keep = options.pop("num_keep", None)
         if "n_keep" in options:
             n_keep = options.pop("n_keep")
+        spec_given = {k: options.pop(k) for k in SPEC_FIELDS if k in options}
         unknown = set(options) - _SAMPLING_FIELDS
         if unknown:
             raise LlmedgeError(f"unknown generation option(s): {', '.join(sorted(unknown))}")
+        spec = self.spec_config(**{**self.speculation, **spec_given})
         sampler = Sampler(SamplingOptions(**options))
         if isinstance(stop, str):
             stop = (stop,)
         return self.engine.generate(self.prompt_ids(prompt, raw), sampler, max_tokens, tuple(stop),
-                                    shift=shift, n_keep=n_keep)
+                                    shift=shift, n_keep=n_keep, spec=spec)
+
+    def spec_config(self, draft_model: Any = None, lookup: int | bool | None = None,
+                    draft_max: int | None = None, draft_min: int | None = None,
+                    draft_p_min: float | None = None) -> SpecConfig | None:
+        """Speculative decoding options as the engine takes them (None: off). ``lookup``: prompt lookup
+        decoding with n-grams up to that size (True: 3); ``draft_model``: a :class:`Model`, or a name
+        or path loaded once with this model's backend and context (same vocabulary required)."""
+        n = DEFAULT_LOOKUP_NGRAM if lookup is True else int(lookup or 0)
+        draft = self.draft(draft_model) if draft_model else None
+        if not n and draft is None:
+            return None
+        return SpecConfig(lookup=n, draft=draft,
+                          draft_max=DEFAULT_DRAFT_MAX if draft_max is None else int(draft_max),
+                          draft_min=0 if draft_min is None else int(draft_min),
+                          p_min=DEFAULT_P_MIN if draft_p_min is None else float(draft_p_min)).check()
+
+    def draft(self, model: Any) -> DraftModel:
+        """The :class:`DraftModel` for ``model`` (a loaded Model, a name or a path), made once."""
+        key = str(id(model)) if isinstance(model, Model) else str(model)
+        d = self._drafts.get(key)
+        if d is None:
+            if not isinstance(model, Model):
+                model = load(str(model), backend=self.backend_name, n_ctx=self.n_ctx,
+                             n_threads=getattr(self.backend, "n_threads", None), kv_type=self.kv_type)
+            d = self._drafts[key] = DraftModel(model, self.tokenizer)
+        return d
 
     def chat(self, messages: list[dict[str, Any]], **options: Any) -> Iterator[Chunk]:
         messages = self._with_defaults(messages)

@@ -831,6 +831,95 @@ def format_results(results: Sequence[BenchResult], fmt: str, params: BenchParams
     raise LlmedgeError(f"unknown output format '{fmt}' (choose from {', '.join(OUTPUT_FORMATS)})")
 
 
+# ---------------------------------------------------------------------------------------------
+# the speculative test: plain decoding against prompt lookup (and a draft model), interleaved
+
+SPEC_PARAGRAPH = ("The committee met on Tuesday to review the budget for the coming year. After a long discussion, "
+                  "the members agreed to increase funding for the public library, to repair the roads near the "
+                  "school, and to hire two new teachers. The mayor thanked everyone for their hard work and said "
+                  "that the town would publish the full report on its website before the end of the month.")
+SPEC_CODE = """def total_price(items, tax_rate):
+    total = 0
+    for item in items:
+        total += item["price"] * item["quantity"]
+    total = total * (1 + tax_rate)
+    return round(total, 2)
+"""
+SPEC_PROMPTS = {
+    "rewrite": f"Repeat the following paragraph exactly, but write 'Monday' instead of 'Tuesday'.\n\n{SPEC_PARAGRAPH}",
+    "code-edit": f"Add a docstring to this Python function. Return the whole function.\n\n```python\n{SPEC_CODE}```",
+}
+
+
+@dataclass
+class SpecResult:
+    """One speculative test row: a task, a mode, its best decode rate and what the drafts did."""
+
+    task: str
+    mode: str
+    tokens_per_s: float
+    speedup: float
+    n_gen: int
+    draft_tokens: int
+    draft_accepted: int
+    tokens_per_forward: float
+    same_text: bool
+
+    def fields(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def speculative_bench(model: str | os.PathLike[str], n_gen: int = 128, reps: int = 3, backend: str = "auto",
+                      n_threads: int | None = None, draft_model: str | None = None,
+                      lookup: int = 3, progress: Callable[[str], None] | None = None) -> list[SpecResult]:
+    """Greedy decode rate on copy-heavy tasks, plain against ``lookup`` (and ``draft_model``), runs
+    interleaved, caches cleared before each; the best of ``reps`` per mode. Every speculative text is
+    checked against the plain one (``same_text``)."""
+    import llmedge
+
+    say = progress or (lambda msg: None)
+    m = llmedge.load(str(model), backend=backend, n_threads=n_threads, n_ctx=2048)
+    modes: dict[str, dict[str, Any]] = {"plain": {}, f"lookup={lookup}": {"lookup": lookup}}
+    if draft_model:
+        modes["draft"] = {"draft_model": draft_model}
+        m.spec_config(draft_model=draft_model)  # load (and check) it before timing
+    out: list[SpecResult] = []
+    for task, prompt in SPEC_PROMPTS.items():
+        best: dict[str, tuple[float, list[int], dict[str, float], int]] = {}
+        for rep in range(reps):
+            for mode, opts in modes.items():
+                say(f"{task} {mode} run {rep + 1}/{reps}")
+                m.engine.cache.clear()
+                m.engine.prefix_cache.clear()
+                ids = [c.token for c in m.generate(prompt, max_tokens=n_gen, temperature=0, **opts)]
+                t = m.timings
+                rate = t.eval_count / (t.eval_duration / 1e9) if t.eval_duration else 0.0
+                if mode not in best or rate > best[mode][0]:
+                    best[mode] = (rate, ids, dict(t.extra), t.eval_count)
+        base_rate, base_ids = best["plain"][0], best["plain"][1]
+        for mode, (rate, ids, extra, n) in best.items():
+            forwards = int(extra.get("decode_forwards", n)) or 1
+            out.append(SpecResult(task, mode, rate, rate / base_rate if base_rate else 0.0, n,
+                                  int(extra.get("draft_tokens", 0)), int(extra.get("draft_accepted", 0)),
+                                  n / forwards, ids == base_ids))
+    return out
+
+
+def format_speculative(rows: Sequence[SpecResult], fmt: str = "md") -> str:
+    if fmt in ("json", "jsonl"):
+        items = [r.fields() for r in rows]
+        return json.dumps(items, indent=2) + "\n" if fmt == "json" else "".join(json.dumps(i) + "\n" for i in items)
+    if fmt == "csv":
+        keys = list(SpecResult.__dataclass_fields__)
+        return ",".join(keys) + "\n" + "".join(",".join(str(r.fields()[k]) for k in keys) + "\n" for r in rows)
+    head = "| task | mode | t/s | speed-up | accepted / drafted | tokens / forward | same text |\n"
+    head += "| --- | --- | ---: | ---: | ---: | ---: | --- |\n"
+    body = "".join(f"| {r.task} | {r.mode} | {r.tokens_per_s:.2f} | {r.speedup:.2f}x | "
+                   f"{r.draft_accepted} / {r.draft_tokens} | {r.tokens_per_forward:.2f} | "
+                   f"{'yes' if r.same_text else 'NO'} |\n" for r in rows)
+    return head + body
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--probe":
         _probe_main(sys.argv[2])

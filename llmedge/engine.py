@@ -28,6 +28,7 @@ from llmedge.errors import LlmedgeError
 from llmedge.kvcache import SequenceCache, SequenceState, check_kv_type, common_prefix
 from llmedge.models.base import Batch
 from llmedge.sampling import Sampler
+from llmedge.speculative import SpecConfig, Speculation
 from llmedge.tokenizer import Tokenizer
 
 DEFAULT_PREFIX_CACHE_BYTES = 256 << 20  # snapshots of recent sequences kept for prefix reuse
@@ -117,7 +118,7 @@ class Generation:
 
     def __init__(self, engine: Engine, cache: SequenceCache, ids: Sequence[int], sampler: Sampler,
                  max_tokens: int = 128, stop: Sequence[str] = (), shift: bool = True,
-                 n_keep: int | None = None) -> None:
+                 n_keep: int | None = None, spec: SpecConfig | None = None) -> None:
         self.t0 = time.perf_counter_ns()
         self.engine = engine
         self.cache = cache
@@ -145,6 +146,11 @@ class Generation:
         self.forced: list[int] = []  # tokens a grammar forced after next_token, evaluated with it
         self.done = False
         self.error: BaseException | None = None
+        # speculation needs a sampler whose state is only the history (no grammar to roll back)
+        usable = spec is not None and spec.active and getattr(sampler, "speculative", False)
+        self.spec: Speculation | None = Speculation(spec, cache) if usable else None
+        self.draft: list[int] = []  # the draft evaluated with next_token in the current step
+        self.t_step: float | None = None
 
     @property
     def decoding(self) -> bool:
@@ -160,7 +166,46 @@ class Generation:
         if self.cache.offset >= self.engine.n_ctx:
             self.engine.shift_context(self.n_keep, self.cache)
             self.n_shifts += 1
-        return [self.next_token, *self.forced]
+        rows = [self.next_token, *self.forced]
+        self.draft = []
+        if self.spec is not None and not self.forced:
+            room = self.engine.n_ctx - self.cache.offset - 1
+            if self.max_tokens >= 0:
+                room = min(room, self.max_tokens - self.n_gen - 1)
+            context = self.history if self.spec.config.draft is None else [*self.cache.tokens, self.next_token]
+            self.t_step = time.perf_counter()  # the step's cost, drafting included, for the draft length
+            self.draft = self.spec.propose(context, room)
+            rows += self.draft
+        return rows
+
+    def advance_draft(self, logits: np.ndarray) -> list[Chunk]:
+        """Take tokens from the verify rows' ``logits`` ([1 + len(draft), n_vocab]: after next_token
+        and after each draft token): each draft token while the sampler accepts it, then the
+        correction (or, all accepted, one more token from the last row). The cells of the rejected
+        draft tokens are rolled back; the last token taken is evaluated next."""
+        draft, chunks, n_acc = self.draft, [], 0
+        token = -1
+        for i in range(len(draft) + 1):
+            if i < len(draft):
+                token = self.sampler.verify(logits[i], self.history, draft[i])
+            else:
+                token = self.sampler.sample(logits[i], self.history)
+            chunks.append(self._take(token, last=True))
+            if self.done or i == len(draft) or token != draft[i]:
+                break
+            n_acc += 1
+        self.cache.rollback(len(draft) - n_acc)
+        assert self.spec is not None
+        self.spec.record(len(draft), n_acc, self._step_seconds())
+        self.timings.extra.update(self.spec.stats())
+        self.draft = []
+        self.next_token, self.forced = (token, []) if not self.done else (None, [])
+        return chunks
+
+    def _step_seconds(self) -> float | None:
+        """Seconds since this step's drafting began (None when the step was not timed: the prompt)."""
+        t, self.t_step = self.t_step, None
+        return None if t is None else time.perf_counter() - t
 
     def advance(self, n_fed: int, logits: np.ndarray) -> list[Chunk]:
         """Account for ``n_fed`` evaluated tokens whose last row gave ``logits``; sample when the prompt
@@ -170,12 +215,17 @@ class Generation:
             del self.todo[:n_fed]
             if self.todo:
                 return []
+            if self.spec is not None:  # a draft model reads the prompt too (prompt time, as llama.cpp)
+                self.spec.prefill(self.cache.tokens)
             self.t1 = time.perf_counter_ns()
             self.timings.prompt_eval_duration = self.t1 - self.t0
             if self.max_tokens == 0:  # only the prompt was asked for
                 self._finish(Chunk(-1, "", "length"))
                 return []
         token = self.sampler.sample(logits, self.history)
+        if self.spec is not None:
+            self.spec.record(0, 0, self._step_seconds())
+            self.timings.extra.update(self.spec.stats())
         tokens = [token]
         forced = getattr(self.sampler, "forced", None)  # a grammar's forced tokens: one forward for all
         if forced is not None:
@@ -461,11 +511,12 @@ class Engine:
 
     # -- generation ------------------------------------------------------------------------------
     def begin(self, ids: Sequence[int], sampler: Sampler, max_tokens: int = 128, stop: Sequence[str] = (),
-              shift: bool = True, n_keep: int | None = None, cache: SequenceCache | None = None) -> Generation:
+              shift: bool = True, n_keep: int | None = None, cache: SequenceCache | None = None,
+              spec: SpecConfig | None = None) -> Generation:
         """A :class:`Generation` of ``ids`` in ``cache`` (default: the active sequence), its cached prefix
-        already reused; nothing is evaluated until :meth:`step`."""
+        already reused; nothing is evaluated until :meth:`step`. ``spec``: speculative decoding."""
         return Generation(self, cache if cache is not None else self.cache, ids, sampler, max_tokens, stop,
-                          shift, n_keep)
+                          shift, n_keep, spec)
 
     def step(self, gens: Sequence[Generation], prompt_rows: int | None = None) -> list[list[Chunk]]:
         """Advance every unfinished generation in ``gens`` by one step: one batched forward over each
@@ -498,26 +549,47 @@ class Engine:
             for _, g, rows in group:
                 pos = np.arange(g.cache.offset, g.cache.offset + len(rows), dtype=np.int64)
                 # only the last row's logits matter (and only for a prompt's last chunk: an earlier
-                # chunk's last row is cheap and keeps every batch with one output row)
-                batches.append(Batch(np.asarray(rows, dtype=np.int64), pos, g.cache, np.array([len(rows) - 1])))
-            logits = [self.model.forward(batches[0])] if len(batches) == 1 else self.model.forward_many(batches)
+                # chunk's last row is cheap and keeps every batch with one output row); a draft's
+                # verify rows all matter, each exactly as if decoded alone
+                if g.draft:
+                    batches.append(Batch(np.asarray(rows, dtype=np.int64), pos, g.cache, None, row_exact=True))
+                else:
+                    batches.append(Batch(np.asarray(rows, dtype=np.int64), pos, g.cache, np.array([len(rows) - 1])))
+            logits = self._forward_batches(batches)
             for (i, g, rows), lg in zip(group, logits):
                 g.cache.tokens.extend(int(t) for t in rows)
                 self.n_evaluated += len(rows)
                 try:
-                    out[i] = g.advance(len(rows), lg[-1])
+                    out[i] = g.advance_draft(lg) if g.draft else g.advance(len(rows), lg[-1])
                 except Exception as e:  # this request's sampler failed (a grammar with no way on, ...)
                     g.fail(e)
         return out
 
+    def _forward_batches(self, batches: list[Batch]) -> list[np.ndarray]:
+        """One forward over ``batches``; row-exact ones on a backend without a row-exact multi-row
+        path run their rows one at a time (each then is a one-row decode)."""
+        model = self.model
+        if any(b.row_exact for b in batches) and not getattr(model, "row_exact_batches", False):
+            out = []
+            for b in batches:
+                if not b.row_exact:
+                    out.append(model.forward(b))
+                    continue
+                rows = [model.forward(Batch(b.tokens[r : r + 1], b.positions[r : r + 1], b.cache))
+                        for r in range(len(b.tokens))]
+                out.append(np.concatenate(rows))
+            return out
+        return [model.forward(batches[0])] if len(batches) == 1 else model.forward_many(batches)
+
     def generate(self, ids: Sequence[int], sampler: Sampler, max_tokens: int = 128, stop: Sequence[str] = (),
-                 shift: bool = True, n_keep: int | None = None) -> Iterator[Chunk]:
+                 shift: bool = True, n_keep: int | None = None, spec: SpecConfig | None = None) -> Iterator[Chunk]:
         """Stream tokens after the prompt ``ids``; timings land in ``self.last`` when done.
 
         A full context is shifted (``n_keep`` tokens kept, default: BOS if present) unless ``shift``
-        is False, in which case generation stops with done_reason ``length``.
+        is False, in which case generation stops with done_reason ``length``. ``spec``: speculative
+        decoding (prompt lookup and/or a draft model), exact at temperature 0.
         """
-        gen = self.begin(ids, sampler, max_tokens, stop, shift, n_keep)
+        gen = self.begin(ids, sampler, max_tokens, stop, shift, n_keep, spec=spec)
         self.last = gen.timings
         while not gen.done:
             (chunks,) = self.step([gen])

@@ -345,6 +345,23 @@ class LayerCache:
         keep = np.flatnonzero((p >= 0) & (p < n))
         self._compact(keep[np.argsort(p[keep], kind="stable")])
 
+    def rollback(self, n: int) -> None:
+        """Forget the ``n`` cells written last (the newest positions, e.g. rejected speculative rows).
+
+        Unlike :meth:`trim_to` a ring is rewound in place (its head moves back, no cell moves), so the
+        cells keep the order decoding one token at a time would have left: attention sums them in
+        the same order. The cells those rows overwrote held positions outside the window."""
+        if n <= 0:
+            return
+        if not self.ring:
+            self.pos[self.used - n : self.used] = -1
+            self.used = self.head = self.used - n
+            return
+        cells = (self.head - 1 - np.arange(n)) % self.capacity
+        self.pos[cells] = -1
+        self.head = (self.head - n) % self.capacity
+        self.used = self.capacity if bool((self.pos[self.head :] >= 0).any()) else self.head
+
     def _compact(self, order: np.ndarray, new_pos: np.ndarray | None = None,
                  k_raw: tuple[np.ndarray, ...] | None = None) -> None:
         """Keep cells ``order`` (in that order) at the front; optionally with new positions / keys."""
@@ -485,6 +502,16 @@ class SequenceCache:
             return True
         self.clear()
         return False
+
+    def rollback(self, n: int) -> None:
+        """Drop the last ``n`` tokens, which the last forward wrote (rejected speculative rows): every
+        layer rewinds its newest cells in place (see :meth:`LayerCache.rollback`)."""
+        n = max(0, min(n, self.offset))
+        if n == 0:
+            return
+        for layer in self.layers:
+            layer.rollback(n)
+        del self.tokens[len(self.tokens) - n :]
 
     def clear(self) -> None:
         for layer in self.layers:

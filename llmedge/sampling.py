@@ -107,20 +107,55 @@ class Sampler:
     def greedy(self) -> bool:
         return self.options.temperature <= 0.0
 
-    def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
+    @property
+    def speculative(self) -> bool:
+        """Whether drafted tokens may be verified with this sampler (:meth:`verify`): its state must be
+        only the history; a grammar matcher's or a log-prob recorder's (subclasses) is not."""
+        return getattr(self, "matcher", None) is None and not getattr(self, "logprobs", False)
+
+    def _penalized(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
         o = self.options
         # repeat_last_n: 0 disables the penalties' window, -1 means the whole history (llama.cpp)
         n = len(history) if o.repeat_last_n < 0 else o.repeat_last_n
         recent = history[max(0, len(history) - n):] if n else ()
-        full = apply_penalties(logits.astype(np.float64), recent, o.repeat_penalty, o.presence_penalty,
+        return apply_penalties(logits.astype(np.float64), recent, o.repeat_penalty, o.presence_penalty,
                                o.frequency_penalty)
-        if self.greedy:
-            return int(np.argmax(full))
-        c: Candidates = (np.arange(len(full)), full)
+
+    def distribution(self, logits: np.ndarray, history: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray]:
+        """The candidates a draw picks from and their probabilities, after the whole chain (not for
+        greedy sampling, whose pick is the argmax)."""
+        o = self.options
+        c: Candidates = (np.arange(len(logits)), self._penalized(logits, history))
         c = top_k(c, o.top_k)
         c = typical(c, o.typical_p)
         c = top_p(c, o.top_p)
         c = min_p(c, o.min_p)
-        ids, logits = c
-        probs = softmax(logits / o.temperature)
+        ids, lg = c
+        return ids, softmax(lg / o.temperature)
+
+    def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
+        if self.greedy:
+            return int(np.argmax(self._penalized(logits, history)))
+        ids, probs = self.distribution(logits, history)
+        return int(ids[self.rng.choice(len(ids), p=probs)])
+
+    def verify(self, logits: np.ndarray, history: Sequence[int], draft: int) -> int:
+        """Speculative sampling's acceptance of a deterministic ``draft`` token: the token to take at
+        this position, ``draft`` itself when accepted. Greedy: the argmax (accepted when it is the
+        draft). Else the draft is accepted with its probability p(draft), and otherwise a token is
+        drawn from p with the draft removed (renormalized): every token's probability stays p's."""
+        if self.greedy:
+            return self.sample(logits, history)
+        ids, probs = self.distribution(logits, history)
+        hit = np.flatnonzero(ids == draft)
+        p_draft = float(probs[hit[0]]) if len(hit) else 0.0
+        if p_draft > 0.0 and self.rng.random() < p_draft:
+            return int(draft)
+        if len(hit):
+            probs = probs.copy()
+            probs[hit[0]] = 0.0
+            total = probs.sum()
+            if total <= 0.0:  # p put everything on the draft (a rounding corner): it is the draw
+                return int(draft)
+            probs /= total
         return int(ids[self.rng.choice(len(ids), p=probs)])

@@ -27,13 +27,17 @@ from llmedge.models.spec import Family, HParams, LayerSpec, TensorDecl, layer_sp
 class Batch:
     """Token rows of one sequence to evaluate: ids, their positions and the cache they extend.
 
-    ``output_rows`` selects the rows whose logits are returned (``None``: all rows).
+    ``output_rows`` selects the rows whose logits are returned (``None``: all rows). ``row_exact``
+    asks for every row's numbers exactly as if it were evaluated alone (decoded one token at a time):
+    speculative verification needs that, because the kernels for several rows sum in other orders.
+    A backend without a row-exact multi-row path (:func:`row_exact_rows`) evaluates the rows one by one.
     """
 
     tokens: np.ndarray
     positions: np.ndarray
     cache: SequenceCache
     output_rows: np.ndarray | None = None
+    row_exact: bool = False
 
 
 class Step:
@@ -61,6 +65,11 @@ class Step:
                 raise ValueError("each batch needs as many positions as tokens, and at least one")
             self.bounds.append((start, start + len(b.tokens)))
             start += len(b.tokens)
+
+    @property
+    def row_exact(self) -> bool:
+        """True when any batch asks for row-exact numbers (then every row of the step is)."""
+        return any(b.row_exact for b in self.batches)
 
     @classmethod
     def of(cls, batch: Batch | Step) -> Step:
@@ -278,7 +287,8 @@ class Decoder:
         x = be.rms_norm(x, self.output_norm, eps)
         if hidden:
             return x
-        logits = be.matmul(x, self.output)
+        rows_mm = getattr(be, "matmul_rows", None) if step.row_exact else None
+        logits = be.matmul(x, self.output) if rows_mm is None else rows_mm(x, self.output)
         if self.logit_scale is not None:  # Granite: ggml_scale by 1 / logit_scale
             logits = logits * (np.float32(1.0) / np.float32(self.logit_scale))
         return logits if self.final_softcap is None else softcap_logits(logits, self.final_softcap)
@@ -303,6 +313,18 @@ class Decoder:
         """One forward over several sequences' batches; per batch, the logits of its output rows."""
         step = Step(batches)
         return step.split(self.forward(step))
+
+    @property
+    def row_exact_batches(self) -> bool:
+        """True when a multi-row ``row_exact`` step runs in one forward with every row's numbers as
+        alone (the native fused stack); else :func:`forward_rows` runs such rows one by one."""
+        known = self.__dict__.get("_row_exact")
+        if known is None:
+            be = self.backend
+            known = self._row_exact = (getattr(be, "matmul_rows", None) is not None
+                                       and getattr(be, "decoder_layers", None) is not None
+                                       and getattr(be, "stack_supported", lambda m: False)(self))
+        return known
 
     def make_cache(self, n_ctx: int, kv_type: str = "f16", max_batch: int = 512) -> SequenceCache:
         """Full caches, rings for sliding-window layers, each with its RoPE record; also picks LongRoPE's

@@ -171,6 +171,8 @@ static void select_isa(int isa) {
                 k.vec_dot_tiled = src->vec_dot_tiled;
                 g_kernel_isa[t] = chain[c];
             }
+            /* the x86 tiers' gemv kernels agree bit for bit, so the rows kernel may come from below */
+            if (!k.gemv_rows && src->gemv_rows && k.gemv) k.gemv_rows = src->gemv_rows;
         }
         g_active[t] = k;
     }
@@ -530,6 +532,126 @@ int lle_matmul(int type, const void *w, long long w_stride, long long m, long lo
     lle_lock();
     ensure_init();
     const int r = lle_matmul_impl(type, w, w_stride, m, k, x, n, out, ldo);
+    lle_unlock();
+    return r;
+}
+
+/* ---------------------------------------------------------------- row-exact small batches */
+
+/* Several activation rows, each multiplied exactly as lle_matmul_impl multiplies a single row (the
+ * decode kernel: same activation quantization, same float scales, same gemv / vec_dot, same output
+ * chunks), so every row's result is bit for bit what it would be alone. A task takes one chunk of
+ * weight rows and runs it against every activation row while it is in cache: the weights are read
+ * from memory once for all rows. This is what speculative verification and batched decoding use
+ * (llama.cpp's multi-row kernels sum in other orders; a row's argmax could flip). */
+typedef struct {
+    lle_vec_dot_fn vd; lle_gemv_fn gemv; lle_gemv_rows_fn gemv_rows;
+    const uint8_t *w; size_t ws; int64_t m; int k;
+    const uint8_t *a; size_t as; int64_t n;
+    const float *scales; int64_t scale_stride;
+    float *out; int64_t ldo;
+    int64_t chunk, n_chunks, counter;
+} mr_ctx;
+
+static void mr_task(void *vctx, int ith, int nth) {
+    (void)ith; (void)nth;
+    mr_ctx *c = vctx;
+    for (;;) {
+        const int64_t ch = lle_next_chunk(&c->counter);
+        if (ch >= c->n_chunks) break;
+        const int64_t j0 = ch * c->chunk;
+        const int64_t j1 = j0 + c->chunk < c->m ? j0 + c->chunk : c->m;
+        if (c->gemv_rows) {
+            for (int64_t i = 0; i < c->n; i += LLE_GEMV_ROWS) {
+                const int nr = c->n - i < LLE_GEMV_ROWS ? (int)(c->n - i) : LLE_GEMV_ROWS;
+                c->gemv_rows(c->k, c->w + j0 * c->ws, c->ws, (int)(j1 - j0), c->a + i * c->as, c->as,
+                             c->scales + i * c->scale_stride, (size_t)c->scale_stride, nr, c->out + i * c->ldo + j0,
+                             (size_t)c->ldo);
+            }
+            continue;
+        }
+        for (int64_t i = 0; i < c->n; i++) {
+            const uint8_t *a = c->a + i * c->as;
+            float *out = c->out + i * c->ldo;
+            if (c->gemv) {
+                c->gemv(c->k, c->w + j0 * c->ws, c->ws, (int)(j1 - j0), a, c->scales + i * c->scale_stride, out + j0);
+            } else {
+                for (int64_t j = j0; j < j1; j++) c->vd(c->k, out + j, c->w + j * c->ws, a);
+            }
+        }
+    }
+}
+
+static scratch_buf g_scratch_rows;
+static int g_rows_disabled = 0;  /* lle_set_gemv_rows(0): the one-row gemv per row (tests compare both) */
+
+int lle_set_gemv_rows(int enable) {
+    lle_lock();
+    g_rows_disabled = !enable;
+    lle_unlock();
+    return 0;
+}
+
+int lle_matmul_rows_impl(int type, const void *w, long long w_stride, long long m, long long k,
+                         const float *x, long long n, float *out, long long ldo) {
+    if (n <= 1) return lle_matmul_impl(type, w, w_stride, m, k, x, n, out, ldo);
+    if (!valid_type(type) || m < 0 || k <= 0 || k > 0x7fffffff) return -1;
+    if (lle_row_size(type, k) < 0) return -1;
+    if (m == 0) return 0;
+    const lle_kernels *kw = &g_active[type];
+    const int vt = lle_type_traits[type].vec_type;
+    const lle_from_float_fn ff = g_active[vt].from_float;
+    if (!kw->vec_dot || !ff) return -1;
+    const int nth = lle_pool_threads();
+    mr_ctx c = {0};
+    c.vd = kw->vec_dot;
+    c.gemv = kw->gemv;
+    if (kw->vec_dot_r8 && m % 8 == 0) {  /* as lle_matmul_impl for one row */
+        c.vd = kw->vec_dot_r8;
+        c.gemv = NULL;
+    }
+    const lle_act_scales_fn asf = c.gemv ? g_active[vt].act_scales : NULL;
+    if (!asf) c.gemv = NULL;
+    if (c.gemv && !g_rows_disabled) c.gemv_rows = kw->gemv_rows;
+    c.w = w;
+    c.ws = w_stride > 0 ? (size_t)w_stride : (size_t)lle_row_size(type, k);
+    c.m = m;
+    c.k = (int)k;
+    c.n = n;
+    c.out = out;
+    c.ldo = ldo > 0 ? ldo : m;
+    const int64_t nb = k / lle_type_traits[vt].block_size;
+    if (vt == T_F32) {
+        c.a = (const uint8_t *)x;
+        c.as = (size_t)k * sizeof(float);
+    } else {
+        c.as = (size_t)lle_row_size(vt, k);
+        const size_t act_bytes = (c.as * (size_t)n + 63) & ~(size_t)63;
+        c.scale_stride = asf ? 2 * nb : 0;
+        uint8_t *a = scratch_get(&g_scratch_rows, act_bytes + (size_t)(c.scale_stride * n) * sizeof(float));
+        if (!a) return -2;
+        float *scales = (float *)(a + act_bytes);
+        for (int64_t i = 0; i < n; i++) {
+            ff(x + i * k, a + i * c.as, k);
+            if (asf) asf((int)k, a + i * c.as, scales + i * c.scale_stride);
+        }
+        c.a = a;
+        c.scales = scales;
+    }
+    int64_t chunk = m / (nth * 16);  /* the one-row product's chunks (a gemv's rows group by chunk) */
+    if (chunk < 8) chunk = 8;
+    c.chunk = chunk;
+    c.n_chunks = (m + chunk - 1) / chunk;
+    if (nth == 1 || c.n_chunks == 1 || (int64_t)c.ws * m < 16384) mr_task(&c, 0, 1);
+    else lle_pool_run(mr_task, &c);
+    return 0;
+}
+
+int lle_matmul_rows(int type, const void *w, long long w_stride, long long m, long long k,
+                    const float *x, long long n, float *out, long long ldo) {
+    lle_lock();
+    ensure_init();
+    const int r = lle_matmul_rows_impl(type, w, w_stride, m, k, x, n, out, ldo);
     lle_unlock();
     return r;
 }

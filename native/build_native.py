@@ -28,7 +28,7 @@ SOURCES = [
     "ops_avx2.c",
     "layer.c",
 ]
-DEPENDS = ["common.h", "llmedge_api.h", "tiles_avx2.inc", "gemv_avx2.inc", "korder_avx2.inc"]
+DEPENDS = ["common.h", "llmedge_api.h", "tiles_avx2.inc", "gemv_avx2.inc", "gemv_rows_avx2.inc", "korder_avx2.inc"]
 
 
 def _cdef() -> str:

@@ -152,6 +152,11 @@ typedef void (*lle_tile_fn)(int k, const void *w, size_t w_stride, int nc, const
  * activation block scales (d[nb], then s[nb] for Q8_1), made once per activation row by act_scales */
 typedef void (*lle_gemv_fn)(int k, const void *w, size_t w_stride, int nr, const void *a, const float *as,
                             float *out);
+/* the gemv of up to LLE_GEMV_ROWS activation rows at once, each row's arithmetic exactly the gemv's:
+ * out[r * ldo + j] for r < n, j < nr; rows `as_stride` bytes apart, their float scales `ss` apart */
+#define LLE_GEMV_ROWS 8
+typedef void (*lle_gemv_rows_fn)(int k, const void *w, size_t w_stride, int nr, const void *a, size_t as_stride,
+                                 const float *sc, size_t ss, int n, float *out, size_t ldo);
 /* the float block scales of one activation row (activation types with f16 scales) */
 typedef void (*lle_act_scales_fn)(int k, const void *a, float *scales);
 
@@ -164,6 +169,9 @@ typedef struct {
     lle_from_float_fn from_float_r8;
     lle_vec_dot_fn vec_dot;         /* only for weight types */
     lle_gemv_fn gemv;               /* optional: several weight rows, one activation row */
+    /* optional: `gemv` for several activation rows sharing each weight block (same per-row
+     * arithmetic as the AVX2 gemv, which every x86 tier's gemv reproduces) */
+    lle_gemv_rows_fn gemv_rows;
     lle_tile_fn tile;               /* optional multi-row kernel */
     int tile_rows;                  /* activation rows per call of `tile` (0: 4; else a multiple of 4:
                                      * `sc` then holds the scales of consecutive 4-row groups) */
@@ -255,6 +263,8 @@ int lle_matmul_impl(int type, const void *w, long long w_stride, long long m, lo
                     const float *x, long long n, float *out, long long ldo);
 #define LLE_MAX_GROUP 4
 /* one activation row times up to LLE_MAX_GROUP weights, in one pool job (bit-identical to separate calls) */
+int lle_matmul_rows_impl(int type, const void *w, long long w_stride, long long m, long long k,
+                         const float *x, long long n, float *out, long long ldo);
 int lle_matvec_group_impl(const lle_weight *const *ws, int count, const float *x, float *const *outs);
 int lle_rms_norm_impl(const float *x, const float *w, long long n, long long d, float eps, float *out);
 int lle_rope_impl(const float *x, const int *pos, long long n, long long n_head, long long head_dim,

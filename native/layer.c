@@ -52,7 +52,11 @@ static float *buf(int i, size_t n) {
     return b->p;
 }
 
+/* set (under the lock) by lle_decoder_layers_rows: every row computed as it would be alone */
+static int g_rows = 0;
+
 static int mm(const lle_weight *w, const float *x, long long n, float *out) {
+    if (g_rows) return lle_matmul_rows_impl(w->type, w->data, w->row_bytes, w->m, w->k, x, n, out, w->m);
     return lle_matmul_impl(w->type, w->data, w->row_bytes, w->m, w->k, x, n, out, w->m);
 }
 
@@ -168,10 +172,14 @@ static int layer_forward(const lle_layer *L, float *x, long long n, const int *p
             kc = kf;
             vc = vf;
         }
-        TIMED(P_ATTN,
-              rc |= lle_attention_impl(q + (size_t)r0 * nq, ns, L->n_head, hd, kc, vc, c->kv_type == KV_F16, c->n_cells,
-                                       L->n_kv_head, nk, hd, nk, hd, pos + r0, c->pos, L->attn_scale, L->window,
-                                       L->softcap, ao + (size_t)r0 * nq));
+        /* row-exact mode: one query row per call (the one-row kernels' summation order); the cells
+         * of later rows are masked for an earlier one, as cells beyond a sequence's end are */
+        const int step = g_rows ? 1 : ns;
+        for (int r = r0; r < r0 + ns; r += step)
+            TIMED(P_ATTN,
+                  rc |= lle_attention_impl(q + (size_t)r * nq, step, L->n_head, hd, kc, vc, c->kv_type == KV_F16,
+                                           c->n_cells, L->n_kv_head, nk, hd, nk, hd, pos + r, c->pos, L->attn_scale,
+                                           L->window, L->softcap, ao + (size_t)r * nq));
     }
     TIMED(P_OUT, rc |= mm(&L->wo, ao, n, h));
     if (L->bo) add_bias(h, L->bo, n, d);
@@ -208,6 +216,21 @@ int lle_decoder_layers(const lle_layer *layers, int n_layer, float *x, long long
     if (g_profile) g_prof_calls += 1;
     for (int il = 0; il < n_layer && rc == 0; il++)
         rc = layer_forward(&layers[il], x, n, pos, n_seqs, seq_rows, kv + (size_t)il * n_seqs);
+    lle_unlock();
+    return rc;
+}
+
+int lle_decoder_layers_rows(const lle_layer *layers, int n_layer, float *x, long long n, const int *pos,
+                            int n_seqs, const int *seq_rows, const lle_kv *kv) {
+    if (n_layer < 0 || n <= 0 || n_seqs <= 0 || seq_rows[0] != 0 || seq_rows[n_seqs] != n) return -1;
+    lle_lock();
+    lle_ensure_init();
+    int rc = 0;
+    if (g_profile) g_prof_calls += 1;
+    g_rows = 1;
+    for (int il = 0; il < n_layer && rc == 0; il++)
+        rc = layer_forward(&layers[il], x, n, pos, n_seqs, seq_rows, kv + (size_t)il * n_seqs);
+    g_rows = 0;
     lle_unlock();
     return rc;
 }

@@ -28,6 +28,12 @@ long long lle_row_size(int type, long long k);
 /* out[i*ldo + j] = dot(x row i, weight row j) for i < n, j < m; x is [n, k] float32 */
 int lle_matmul(int type, const void *w, long long w_stride, long long m, long long k,
                const float *x, long long n, float *out, long long ldo);
+/* as lle_matmul, but every row of x multiplied exactly as lle_matmul multiplies a single row (bit for
+ * bit the one-row result; the weights are still read once for all rows) */
+int lle_matmul_rows(int type, const void *w, long long w_stride, long long m, long long k,
+                    const float *x, long long n, float *out, long long ldo);
+/* 0: lle_matmul_rows runs the one-row gemv per row instead of the shared-block rows kernel (for tests) */
+int lle_set_gemv_rows(int enable);
 /* rows ids[0..n) of a [*, k] weight, dequantized into out [n, k] */
 int lle_get_rows(int type, const void *w, long long w_stride, long long k,
                  const int *ids, long long n, float *out);
@@ -104,6 +110,10 @@ typedef struct {
  * [seq_rows[s], seq_rows[s+1]); kv[il * n_seqs + s] is layer il's cache of sequence s. */
 int lle_decoder_layers(const lle_layer *layers, int n_layer, float *x, long long n, const int *pos,
                        int n_seqs, const int *seq_rows, const lle_kv *kv);
+/* The same with every row computed exactly as it would be alone (one-row products and attention:
+ * see lle_matmul_rows), for speculative verification and batched decoding. */
+int lle_decoder_layers_rows(const lle_layer *layers, int n_layer, float *x, long long n, const int *pos,
+                            int n_seqs, const int *seq_rows, const lle_kv *kv);
 /* Time the ops of lle_decoder_layers (enable 1) or stop (0). Copies the nanoseconds accumulated per
  * op kind since the last call into out_ns (norm, qkv, rope, kv_store, attention, out, add, gate_up,
  * glu, down; then the number of stack calls), resets them and returns the number of op kinds. */

@@ -751,6 +751,7 @@ static void vec_dot_iq4_xs(int n, float *LLE_RESTRICT s, const void *LLE_RESTRIC
 }
 
 #include "gemv_avx2.inc"
+#include "gemv_rows_avx2.inc"
 #include "tiles_avx2.inc"
 #include "korder_avx2.inc"
 
@@ -759,11 +760,12 @@ void lle_register_avx2(void) {
     t[T_F32] = (lle_kernels){.vec_dot = vec_dot_f32, .vec_dot_batch = vec_dot_f32_tb};
     t[T_F16] = (lle_kernels){.from_float = quantize_f16, .vec_dot = vec_dot_f16, .vec_dot_batch = vec_dot_f16_tb};
     t[T_BF16] = (lle_kernels){.vec_dot = vec_dot_bf16, .vec_dot_batch = vec_dot_bf16_tb};
-    t[T_Q4_0] = (lle_kernels){.vec_dot = vec_dot_q4_0, .gemv = gemv_q4_0, .tile = tile_q4_0};
-    t[T_Q4_1] = (lle_kernels){.vec_dot = vec_dot_q4_1, .gemv = gemv_q4_1, .tile = tile_q4_1};
+    t[T_Q4_0] = (lle_kernels){.vec_dot = vec_dot_q4_0, .gemv = gemv_q4_0, .gemv_rows = gemv_rows_q4_0, .tile = tile_q4_0};
+    t[T_Q4_1] = (lle_kernels){.vec_dot = vec_dot_q4_1, .gemv = gemv_q4_1, .gemv_rows = gemv_rows_q4_1, .tile = tile_q4_1};
     t[T_Q5_0] = (lle_kernels){.vec_dot = vec_dot_q5_0, .gemv = gemv_q5_0, .tile = tile_q5_0};
     t[T_Q5_1] = (lle_kernels){.vec_dot = vec_dot_q5_1, .gemv = gemv_q5_1, .tile = tile_q5_1};
-    t[T_Q8_0] = (lle_kernels){.from_float = quantize_q8_0, .vec_dot = vec_dot_q8_0, .gemv = gemv_q8_0, .tile = tile_q8_0};
+    t[T_Q8_0] = (lle_kernels){.from_float = quantize_q8_0, .vec_dot = vec_dot_q8_0, .gemv = gemv_q8_0,
+                              .gemv_rows = gemv_rows_q8_0, .tile = tile_q8_0};
     t[T_Q8_1] = (lle_kernels){.from_float = quantize_q8_1};
     t[T_Q8_K] = (lle_kernels){.from_float = quantize_q8_K, .from_float_r8 = quantize_q8_K_r8};
     t[T_Q2_K] = (lle_kernels){.vec_dot = vec_dot_q2_K, .vec_dot_tiled = vec_dot_q2_K_tiled};

@@ -191,6 +191,29 @@ class NativeBackend:
             raise LlmedgeError(f"native matmul failed for {w.name}")
         return o
 
+    def matmul_rows(self, x: np.ndarray, w: NativeWeight, out: np.ndarray | None = None) -> np.ndarray:
+        """As :meth:`matmul`, but every row of ``x`` multiplied exactly as a one-row ``matmul`` would
+        (the decode kernel's summation order, bit for bit), the weights still read once for all rows."""
+        if w.fallback is not None:  # NumPy rows one by one: a row alone is a row alone
+            x2 = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, w.k)
+            res = np.stack([self.matmul(r[None], w)[0] for r in x2]) if len(x2) else x2 @ w.fallback.T
+            res = res.reshape(x.shape[:-1] + (w.m,))
+            if out is None:
+                return res
+            _out(out, res.shape)[...] = res
+            return out
+        k = w.k
+        if x.shape[-1] != k:
+            raise ValueError(f"matmul: x has {x.shape[-1]} columns, {w.name} expects {k}")
+        if x.dtype != _F32 or not x.flags["C_CONTIGUOUS"]:
+            x = np.ascontiguousarray(x, dtype=np.float32)
+        shape = x.shape[:-1] + (w.m,)
+        o = np.empty(shape, dtype=np.float32) if out is None else _out(out, shape)
+        if lib.lle_matmul_rows(w.ggml_type, w.ptr, w.row_bytes, w.m, k, _from_buffer(_FLOATS, x), x.size // k,
+                               _from_buffer(_FLOATS, o), w.m):
+            raise LlmedgeError(f"native matmul failed for {w.name}")
+        return o
+
     def get_rows(self, w: NativeWeight, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         ids = np.ascontiguousarray(ids, dtype=np.int32).reshape(-1)
         if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= w.m):
@@ -347,10 +370,16 @@ class NativeBackend:
                 e.cell_start, e.n_first, e.n_cells = start, first, used
         pos = np.ascontiguousarray(step.positions, dtype=np.int32)
         rows = np.array([0] + [e for _, e in step.bounds], dtype=np.int32)
-        rc = lib.lle_decoder_layers(plan.c, n_layer, _fptr(x), x.shape[0], ffi.from_buffer("int[]", pos), n_seqs,
-                                    ffi.from_buffer("int[]", rows), kv)
+        layers_fn = lib.lle_decoder_layers_rows if step.row_exact else lib.lle_decoder_layers
+        rc = layers_fn(plan.c, n_layer, _fptr(x), x.shape[0], ffi.from_buffer("int[]", pos), n_seqs,
+                       ffi.from_buffer("int[]", rows), kv)
         _check(rc, "decoder layers")
         return True
+
+    @staticmethod
+    def stack_supported(model: Any) -> bool:
+        """True when :meth:`decoder_layers` runs ``model`` (its fused stack encodes every layer)."""
+        return _StackPlan.decline_reason(model) is None
 
     def softcap(self, x: np.ndarray, cap: float, out: np.ndarray | None = None) -> np.ndarray:
         """``tanh(x / cap) * cap`` (logit soft-capping)."""

@@ -91,3 +91,24 @@ def config_from_env(**overrides: Any) -> ServerConfig:
         if v is not None:
             setattr(c, k, v)
     return c
+
+
+SPECULATIVE_OPTIONS = ("lookup", "draft_max", "draft_min")  # Ollama options (llama.cpp's names), out of sampling
+
+
+def server_speculation() -> dict[str, Any]:
+    """Speculative decoding for every request (``llmedge serve --lookup / --draft-model ...``, passed
+    as LLMEDGE_LOOKUP, LLMEDGE_DRAFT_MODEL, LLMEDGE_DRAFT_MAX, LLMEDGE_DRAFT_MIN); a request's
+    ``options`` override the numbers."""
+    out: dict[str, Any] = {}
+    for key, env in (("lookup", "LLMEDGE_LOOKUP"), ("draft_max", "LLMEDGE_DRAFT_MAX"),
+                     ("draft_min", "LLMEDGE_DRAFT_MIN")):
+        value = os.environ.get(env, "").strip()
+        if value:
+            try:
+                out[key] = int(value)
+            except ValueError:
+                raise LlmedgeError(f"{env} must be a whole number, not {value!r}") from None
+    if os.environ.get("LLMEDGE_DRAFT_MODEL"):
+        out["draft_model"] = os.environ["LLMEDGE_DRAFT_MODEL"]
+    return out

@@ -20,6 +20,7 @@ from llmedge.defaults import generate_messages, request_options, with_defaults
 from llmedge.reasoning import ThinkingSplitter, opens_thinking, supports_thinking, template_variables
 from llmedge.sampling import SamplingOptions
 from llmedge.server import tools as tl
+from llmedge.server.config import SPECULATIVE_OPTIONS, server_speculation
 from llmedge.server.errors import Unsupported
 from llmedge.server.grammar import RequestSampler, compile_schema
 from llmedge.server.scheduler import GenRequest, Job, Loaded, count_tokens, ids_in_range
@@ -74,6 +75,7 @@ class GenerationResult:
     out_ids: list[int] = field(default_factory=list)
     records: list[dict[str, Any]] = field(default_factory=list)
     piece: Any = None  # token id -> bytes
+    speculative: dict[str, int] = field(default_factory=dict)  # draft_tokens, draft_accepted (llmedge's)
 
     @property
     def n_prompt(self) -> int:
@@ -174,6 +176,8 @@ class GenerationTask:
             return self._result(job, model, ids, done_reason="unload" if job.keep_alive == 0 else "load")
         sampling, max_tokens, stop, n_keep = request_options(model.defaults, req.sampling, req.max_tokens,
                                                              req.stop, req.num_keep)
+        speculative = {**server_speculation(),
+                       **{k: sampling.pop(k) for k in SPECULATIVE_OPTIONS if k in sampling}}
         sampler = RequestSampler(SamplingOptions(**sampling), model.tokenizer, self._grammar(),
                                  req.logprobs, req.top_logprobs)
         if n_keep is None and req.kind == "chat":
@@ -181,16 +185,19 @@ class GenerationTask:
         if max_tokens is None:
             max_tokens = req.default_max_tokens
         max_tokens = max_tokens if max_tokens is not None and max_tokens >= 0 else model.n_ctx
-        return GenRequest(ids, sampler, max_tokens, stop, n_keep)
+        return GenRequest(ids, sampler, max_tokens, stop, n_keep, spec=model.spec_config(**speculative))
 
     def result(self, job: Job, loaded: Loaded, request: GenRequest, gen: Any, out_ids: list[int]
                ) -> GenerationResult:
         t = gen.timings
         count_tokens(self.stats, t.prompt_eval_count, t.eval_count, t.prompt_eval_duration, t.eval_duration)
+        speculative = {k: int(t.extra[k]) for k in ("draft_tokens", "draft_accepted") if k in t.extra}
+        for k, v in speculative.items():
+            self.stats[k] = self.stats.get(k, 0) + v
         return self._result(job, loaded.model, request.ids, done_reason=t.done_reason or "stop",
                             prompt_eval_count=t.prompt_eval_count, prompt_eval_duration=t.prompt_eval_duration,
                             eval_count=t.eval_count, eval_duration=t.eval_duration, out_ids=out_ids,
-                            records=request.sampler.records)
+                            records=request.sampler.records, speculative=speculative)
 
     def parser(self) -> OutputParser:
         req = self.req

@@ -53,6 +53,9 @@ class Metrics:
             ("llmedge_cancelled_total", "counter", "Jobs stopped because the client went away.",
              s["cancelled"]),
             ("llmedge_loaded_models", "gauge", "Models in memory.", len(scheduler.loaded)),
+            ("llmedge_draft_tokens_total", "counter", "Speculative draft tokens verified.", s.get("draft_tokens", 0)),
+            ("llmedge_draft_accepted_total", "counter", "Speculative draft tokens accepted.",
+             s.get("draft_accepted", 0)),
         ]
         for name, kind, help_, value in gauges:
             lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name} {value:g}"]

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from llmedge.server import limits
+from llmedge.server.config import SPECULATIVE_OPTIONS
 from llmedge.server.errors import BadOption, BadRequest, Unsupported
 from llmedge.server.generation import Delta, GenerationRenderer, GenerationRequest, GenerationResult
 
@@ -87,6 +88,8 @@ def parse_options(options: Any) -> dict[str, Any]:
             out["num_ctx"] = int(number(value, key, int))
         elif key == "num_keep":
             out["num_keep"] = int(number(value, key, int))
+        elif key in SPECULATIVE_OPTIONS:  # llmedge's: speculative decoding (llama.cpp's names)
+            sampling[key] = int(number(value, key, int))
         elif key in IGNORED_OPTIONS:
             continue
         else:
@@ -154,6 +157,7 @@ def final_fields(result: Any) -> dict[str, Any]:
         "prompt_eval_duration": result.prompt_eval_duration,
         "eval_count": result.eval_count,
         "eval_duration": result.eval_duration,
+        **result.speculative,  # draft_tokens, draft_accepted when speculation ran (llmedge's)
     }
 
 

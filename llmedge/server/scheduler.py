@@ -79,6 +79,7 @@ class GenRequest:
     max_tokens: int
     stop: tuple[str, ...] = ()
     n_keep: int | None = None
+    spec: Any = None  # speculative decoding (llmedge.speculative.SpecConfig), None: off
 
 
 class GenTask(Protocol):
@@ -371,7 +372,7 @@ class Scheduler:
                 return False
             try:
                 gen = engine.begin(request.ids, request.sampler, request.max_tokens, request.stop, shift=True,
-                                   n_keep=request.n_keep, cache=pool.cache(slot))
+                                   n_keep=request.n_keep, cache=pool.cache(slot), spec=request.spec)
             except BaseException:
                 pool.release(slot)
                 raise
