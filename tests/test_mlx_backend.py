@@ -394,3 +394,28 @@ def test_compiled_decode_step_gives_the_per_layer_logits_for_every_family(kv_typ
         np.testing.assert_allclose(two[0::2], per_layer, rtol=0, atol=tol, err_msg=name)
         np.testing.assert_allclose(two[1::2], per_layer, rtol=0, atol=tol, err_msg=name)
     assert {"llama_f32", "qwen3", "gemma", "gemma2", "gemma3"} <= set(tested), tested
+
+
+def test_a_decode_step_is_one_evaluation_of_the_compiled_function(tmp_path: Path, monkeypatch) -> None:
+    """After the first step traced it, a decode step runs no MLX op from Python: one ``mx.eval`` of
+    the compiled function, no product outside it (the head's norm and product come back from it)."""
+    import tiny_models as tm
+
+    from llmedge.gguf import GGUFFile
+    from llmedge.models import model_class
+    from llmedge.models.base import Batch
+
+    g = GGUFFile(tm.write("gemma3", tmp_path / "gemma3.gguf"))
+    model = model_class(g.architecture)(g, MlxBackend())
+    ids = tm.prompt_ids("gemma3")
+    cache = model.make_cache(64, "f16")
+    model.forward(Batch(np.asarray(ids[:8], dtype=np.int32), np.arange(8, dtype=np.int32), cache))
+    want = model.forward(Batch(np.array([ids[8]], dtype=np.int32), np.array([8], dtype=np.int32), cache))
+    evals, products = [], []
+    real_eval, real_matmul = mx.eval, MlxWeight.matmul
+    monkeypatch.setattr(mx, "eval", lambda *a: evals.append(1) or real_eval(*a))
+    monkeypatch.setattr(MlxWeight, "matmul", lambda self, x: products.append(self.name) or real_matmul(self, x))
+    for i in (9, 10):
+        got = model.forward(Batch(np.array([ids[i]], dtype=np.int32), np.array([i], dtype=np.int32), cache))
+    assert evals == [1, 1] and products == []
+    assert got.shape == want.shape and np.isfinite(got).all()
