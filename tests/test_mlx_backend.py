@@ -419,3 +419,13 @@ def test_a_decode_step_is_one_evaluation_of_the_compiled_function(tmp_path: Path
         got = model.forward(Batch(np.array([ids[i]], dtype=np.int32), np.array([i], dtype=np.int32), cache))
     assert evals == [1, 1] and products == []
     assert got.shape == want.shape and np.isfinite(got).all()
+
+
+def test_bench_reports_the_mlx_backend_and_its_device(tmp_path: Path) -> None:
+    import tiny_models as tm
+
+    from llmedge.bench import LlmedgeRunner
+
+    info = LlmedgeRunner(tm.write("gemma3", tmp_path / "gemma3.gguf"), backend="mlx", n_threads=2).info
+    device = "gpu" if mx.default_device() == mx.gpu else "cpu"
+    assert info.backend == "mlx" and info.isa == f"device {device} (mlx {mx.__version__})"
