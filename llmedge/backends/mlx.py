@@ -4,10 +4,13 @@ Weights come from llmedge's GGUF reader (never ``mx.load``) and are mapped once,
 onto MLX's affine quantized format where the math allows (see :mod:`llmedge.backends.mlx_quant`);
 ``mx.quantized_matmul`` then multiplies float32 activations by them. RMS norm, RoPE and attention
 use ``mx.fast``. The protocol's ops take and return NumPy arrays (the op-by-op path); the whole
-stack of a step runs in :meth:`MlxBackend.decoder_layers` on MLX arrays, with two compiled
-functions per layer (before and after attention) and one evaluation per layer, where the new K/V
-rows go to llmedge's own KV cache (its ring, shift, trim, state and q8_0 cells stay one
-implementation for every backend).
+stack of a step runs in :meth:`MlxBackend.decoder_layers` on MLX arrays. A decode step (one row per
+sequence, f16/f32 cache) is one compiled function over every layer and the head, evaluated once:
+each layer's past cells go in (padded, so the trace is reused for 256 tokens), the new K/V rows
+come out and are written to llmedge's own KV cache, and the model's following head calls get the
+step's results back. Prompts and q8_0 caches run two compiled functions per layer (before and after
+attention) with one evaluation per layer. Either way the KV cache stays llmedge's (its ring, shift,
+trim, state and q8_0 cells stay one implementation for every backend).
 
 Unlike llama.cpp, which quantizes activations to Q8 for its products, MLX computes in float32: the
 agreement with llama.cpp is held to tolerances, not bit-exactness.
