@@ -335,3 +335,97 @@ def test_server_batches_mlx_sequences_as_they_run_alone(model_paths, store_root:
 
 
 from test_server_api import store_root  # noqa: E402, F401  (fixture)
+
+# ----------------------------------------------------------------------------- the compiled decode step
+
+
+def _decode_runs(model, ids: list[int], kv_type: str, fused: bool, two: bool = False) -> np.ndarray:
+    """Logits of ids[20:] fed one token per step after a 20-token prompt, with the compiled whole-step
+    decode (``fused``) or the per-layer compiled path; ``two``: a second sequence decodes beside it."""
+    from llmedge.backends.mlx import _Stack
+    from llmedge.models.base import Batch, Step
+
+    caches = [model.make_cache(64, kv_type, max_batch=4) for _ in range(2 if two else 1)]
+    for c in caches:  # the prompt in batches of 4 rows (the ring's max_batch), on the per-layer path
+        for s in range(0, 20, 4):
+            model.forward(Batch(np.asarray(ids[s : s + 4], dtype=np.int32), np.arange(s, s + 4, dtype=np.int32), c))
+    plan = model._mlx_stack
+    assert isinstance(plan, _Stack)
+    decodes = plan.decodes
+    plan.decodes = decodes if fused else (lambda step: False)
+    calls = []
+    plan.decode = lambda x, step, f=plan.decode: calls.append(1) or f(x, step)
+    try:
+        out = []
+        for i, t in enumerate(ids[20:], start=20):
+            batches = [Batch(np.array([t], dtype=np.int32), np.array([i], dtype=np.int32), c) for c in caches]
+            out.append(np.concatenate(model.forward_many(batches)) if two else model.forward(Step(batches)))
+    finally:
+        plan.decodes = decodes
+        del plan.decode
+    assert len(calls) == (len(ids) - 20 if fused else 0)
+    return np.concatenate(out)
+
+
+@pytest.mark.parametrize("kv_type", ["f16", "f32"])
+def test_compiled_decode_step_gives_the_per_layer_logits_for_every_family(kv_type: str, tmp_path: Path) -> None:
+    """One compiled function for all layers and the head, per decode step, over a sliding-window ring
+    that wraps (window 8, 12 cells: the claimed cell overwrites the oldest), with GQA, soft-capping,
+    Q/K norms and post-norms as the tiny families use them; and two sequences decoding together."""
+    import tiny_models as tm
+
+    from llmedge.backends.mlx import _Stack
+    from llmedge.gguf import GGUFFile
+    from llmedge.models import model_class
+
+    be, tested = MlxBackend(), []
+    for name in tm.MODELS:
+        g = GGUFFile(tm.write(name, tmp_path / f"{name}.gguf"))
+        model = model_class(g.architecture)(g, be)
+        if not _Stack.supported(model):  # biases, fused tensors, RoPE factors: op by op, no stack
+            continue
+        tested.append(name)
+        ids = tm.prompt_ids(name)[:36]
+        per_layer = _decode_runs(model, ids, kv_type, fused=False)
+        fused = _decode_runs(model, ids, kv_type, fused=True)
+        tol = 1e-5 * np.abs(per_layer).max()  # equal in practice: the same ops on the cells in cache order
+        np.testing.assert_allclose(fused, per_layer, rtol=0, atol=tol, err_msg=name)
+        two = _decode_runs(model, ids, kv_type, fused=True, two=True)
+        np.testing.assert_allclose(two[0::2], per_layer, rtol=0, atol=tol, err_msg=name)
+        np.testing.assert_allclose(two[1::2], per_layer, rtol=0, atol=tol, err_msg=name)
+    assert {"llama_f32", "qwen3", "gemma", "gemma2", "gemma3"} <= set(tested), tested
+
+
+def test_a_decode_step_is_one_evaluation_of_the_compiled_function(tmp_path: Path, monkeypatch) -> None:
+    """After the first step traced it, a decode step runs no MLX op from Python: one ``mx.eval`` of
+    the compiled function, no product outside it (the head's norm and product come back from it)."""
+    import tiny_models as tm
+
+    from llmedge.gguf import GGUFFile
+    from llmedge.models import model_class
+    from llmedge.models.base import Batch
+
+    g = GGUFFile(tm.write("gemma3", tmp_path / "gemma3.gguf"))
+    model = model_class(g.architecture)(g, MlxBackend())
+    ids = tm.prompt_ids("gemma3")
+    cache = model.make_cache(64, "f16")
+    model.forward(Batch(np.asarray(ids[:8], dtype=np.int32), np.arange(8, dtype=np.int32), cache))
+    want = model.forward(Batch(np.array([ids[8]], dtype=np.int32), np.array([8], dtype=np.int32), cache))
+    evals, products = [], []
+    real_eval, real_matmul = mx.eval, MlxWeight.matmul
+    monkeypatch.setattr(mx, "eval", lambda *a: evals.append(1) or real_eval(*a))
+    monkeypatch.setattr(MlxWeight, "matmul", lambda self, x: products.append(self.name) or real_matmul(self, x))
+    for i in (9, 10):
+        got = model.forward(Batch(np.array([ids[i]], dtype=np.int32), np.array([i], dtype=np.int32), cache))
+    assert evals == [1, 1] and products == []
+    assert got.shape == want.shape and np.isfinite(got).all()
+
+
+def test_bench_reports_the_mlx_backend_and_its_device(tmp_path: Path) -> None:
+    import tiny_models as tm
+
+    from llmedge.bench import LlmedgeRunner
+
+    info = LlmedgeRunner(tm.write("gemma3", tmp_path / "gemma3.gguf"), backend="mlx", n_threads=2).info
+    device = "gpu" if mx.default_device() == mx.gpu else "cpu"
+    assert info.backend == "mlx" and info.isa == f"device {device} (mlx {mx.__version__})"

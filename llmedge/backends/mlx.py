@@ -4,10 +4,13 @@ Weights come from llmedge's GGUF reader (never ``mx.load``) and are mapped once,
 onto MLX's affine quantized format where the math allows (see :mod:`llmedge.backends.mlx_quant`);
 ``mx.quantized_matmul`` then multiplies float32 activations by them. RMS norm, RoPE and attention
 use ``mx.fast``. The protocol's ops take and return NumPy arrays (the op-by-op path); the whole
-stack of a step runs in :meth:`MlxBackend.decoder_layers` on MLX arrays, with two compiled
-functions per layer (before and after attention) and one evaluation per layer, where the new K/V
-rows go to llmedge's own KV cache (its ring, shift, trim, state and q8_0 cells stay one
-implementation for every backend).
+stack of a step runs in :meth:`MlxBackend.decoder_layers` on MLX arrays. A decode step (one row per
+sequence, f16/f32 cache) is one compiled function over every layer and the head, evaluated once:
+each layer's past cells go in (padded, so the trace is reused for 256 tokens), the new K/V rows
+come out and are written to llmedge's own KV cache, and the model's following head calls get the
+step's results back. Prompts and q8_0 caches run two compiled functions per layer (before and after
+attention) with one evaluation per layer. Either way the KV cache stays llmedge's (its ring, shift,
+trim, state and q8_0 cells stay one implementation for every backend).
 
 Unlike llama.cpp, which quantizes activations to Q8 for its products, MLX computes in float32: the
 agreement with llama.cpp is held to tolerances, not bit-exactness.
@@ -169,6 +172,9 @@ class MlxBackend:
 
     # -- the protocol's ops (NumPy in, NumPy out) ---------------------------------------------------
     def matmul(self, x: np.ndarray, w: MlxWeight) -> np.ndarray:
+        head = getattr(self, "_head", None)
+        if head is not None and w is head.output and _same(x, head.normed):
+            return head.logits.copy()
         return _np(w.matmul(mx.array(as_f32c(x))))
 
     def get_rows(self, w: MlxWeight, ids: np.ndarray) -> np.ndarray:
@@ -178,6 +184,9 @@ class MlxBackend:
         return _np(w.rows(mx.array(ids.astype(np.int32))))
 
     def rms_norm(self, x: np.ndarray, weight: mx.array | np.ndarray | None, eps: float) -> np.ndarray:
+        head = getattr(self, "_head", None)
+        if head is not None and weight is head.norm and float(eps) == head.eps and _same(x, head.x):
+            return head.normed.copy()
         w = None if weight is None else mx.array(weight)
         return _np(mx.fast.rms_norm(mx.array(as_f32c(x)), w, eps))
 
@@ -224,7 +233,11 @@ class MlxBackend:
             plan = model._mlx_stack = _Stack(model) if _Stack.supported(model) else False
         if plan is False:
             return False
-        x[...] = _np(plan.run(mx.array(x), step))
+        self._head = None
+        if plan.decodes(step):
+            x[...], self._head = plan.decode(x, step)
+        else:
+            x[...] = _np(plan.run(mx.array(x), step))
         return True
 
 
@@ -320,8 +333,12 @@ class _Stack:
         self.eps = float(model.params.eps)
         self.glu_kind = model.glu_kind
         self.layers = list(zip(model.layers, model.specs))
-        self.pre = [mx.compile(self._pre_fn(w, s)) for w, s in self.layers]
-        self.post = [mx.compile(self._post_fn(w)) for w, _ in self.layers]
+        self._pre = [self._pre_fn(w, s) for w, s in self.layers]
+        self._post = [self._post_fn(w) for w, _ in self.layers]
+        self.pre = [mx.compile(f) for f in self._pre]
+        self.post = [mx.compile(f) for f in self._post]
+        self.norm, self.output = model.output_norm, model.output
+        self._decode = mx.compile(self._decode_fn) if isinstance(self.output, MlxWeight) else None
 
     def _pre_fn(self, w: dict[str, Any], spec: Any):
         eps = self.eps
@@ -379,3 +396,107 @@ class _Stack:
             o = parts[0] if len(parts) == 1 else mx.concatenate(parts)
             x = self.post[il](x, o)
         return x
+
+    # -- one decode step: every layer and the head in one compiled function, one evaluation ---------
+    def decodes(self, step: Any) -> bool:
+        """Whether ``step`` is a decode step the compiled whole-step function encodes: one row per
+        sequence, f16 or f32 caches (a q8_0 cache rounds the new row through its own quantizer)."""
+        if self._decode is None or step.n_rows != len(step.batches):
+            return False
+        return all(layer.kv_type in _CACHE_DTYPES for b in step.batches for layer in b.cache.layers)
+
+    def _decode_fn(self, x: mx.array, pos: mx.array, pasts: list) -> tuple:
+        """x [B, n_embd] at positions pos [B] (one row per sequence); ``pasts[il][b]`` = (K, V, their
+        positions, the cell claimed for the new row) of sequence b's cache at layer il before this
+        step (padded with position -1). The new K/V rows are rounded to the cache's type and put in
+        their cell, so attention reads the cells as the cache would return them. Returns x, the normed final rows, the logits and each layer's new K, V."""
+        new_kv = []
+        for il, (_, spec) in enumerate(self.layers):
+            q, k, v = self._pre[il](x, pos)
+            dt = pasts[il][0][0].dtype
+            k, v = k.astype(dt), v.astype(dt)
+            parts = []
+            for b, (k_past, v_past, kp_past, cell) in enumerate(pasts[il]):
+                qp = pos[b : b + 1]
+                new = mx.arange(k_past.shape[0]) == cell  # the cell claimed for this row, in cache order
+                kp = mx.where(new, qp, kp_past)
+                mask = (kp[None, :] <= qp[:, None]) & (kp[None, :] >= 0)
+                if spec.window is not None:
+                    mask = mask & ((qp[:, None] - kp[None, :]) < spec.window)
+                new = new[:, None, None]
+                parts.append(attention(q[b : b + 1], mx.where(new, k[b : b + 1], k_past),
+                                       mx.where(new, v[b : b + 1], v_past), mask, spec.scale, spec.softcap))
+            x = self._post[il](x, parts[0] if len(parts) == 1 else mx.concatenate(parts))
+            new_kv.append((k, v))
+        h = mx.fast.rms_norm(x, self.norm, self.eps)
+        return x, h, self.output.matmul(h), new_kv
+
+    def decode(self, x_np: np.ndarray, step: Any) -> tuple[np.ndarray, _Head]:
+        """The decode step (see :meth:`decodes`): claims each cache's cell, runs the compiled
+        function with one ``mx.eval``, then writes the new K/V rows into llmedge's cache."""
+        positions = np.asarray(step.positions, dtype=np.int32)
+        pasts, cells = [], []
+        for il, (_, spec) in enumerate(self.layers):
+            per_layer, per_cells = [], []
+            for bi, b in enumerate(step.batches):
+                layer = b.cache.layers[il]
+                if layer.rope is None:  # what a context shift needs to re-rotate this layer's keys
+                    from llmedge.models.base import cache_rope
+
+                    layer.rope = cache_rope(spec, None)
+                start, _, u = layer.reserve(positions[bi : bi + 1])
+                per_cells.append((layer, start))
+                per_layer.append(_past(layer, u, start))
+            pasts.append(per_layer)
+            cells.append(per_cells)
+        out = self._decode(mx.array(x_np), mx.array(positions), pasts)
+        mx.eval(out)
+        x, h, logits, new_kv = out
+        for (k, v), per_cells in zip(new_kv, cells):
+            k_np, v_np = np.asarray(k), np.asarray(v)
+            for bi, (layer, start) in enumerate(per_cells):
+                layer.k.write(start, k_np[bi : bi + 1])
+                layer.v.write(start, v_np[bi : bi + 1])
+        x_out = _np(x)
+        rows = step.output_rows()
+        h_np, logits_np = _np(h), _np(logits)
+        if rows is not None:
+            h_np, logits_np, x_rows = h_np[rows], logits_np[rows], x_out[rows]
+        else:
+            x_rows = x_out
+        return x_out, _Head(self.norm, self.eps, self.output, x_rows, h_np, logits_np)
+
+
+_CACHE_DTYPES = {"f16": mx.float16, "f32": mx.float32}
+_PAD = 256  # past cells are padded to a multiple of this: the compiled step retraces once per 256 tokens
+
+
+def _past(layer: Any, used: int, new_cell: int) -> tuple[mx.array, mx.array, mx.array, mx.array]:
+    """A cache layer's cells [0, used) before this step's row, padded to a multiple of _PAD: K, V,
+    positions (the cell just claimed for the new row, stale in a ring, hidden) and that cell."""
+    n = -(-used // _PAD) * _PAD
+    kp = np.full(n, -1, dtype=np.int32)
+    kp[:used] = layer.pos[:used]
+    kp[new_cell] = -1
+    k = np.zeros((n,) + layer.k.shape[1:], dtype=layer.k.arrays[0].dtype)
+    v = np.zeros((n,) + layer.v.shape[1:], dtype=layer.v.arrays[0].dtype)
+    k[:used] = layer.k.arrays[0][:used]
+    v[:used] = layer.v.arrays[0][:used]
+    return mx.array(k), mx.array(v), mx.array(kp), mx.array(np.int32(new_cell))
+
+
+@dataclass
+class _Head:
+    """The head a decode step computed: what the model's following ``rms_norm(x, output_norm)`` and
+    ``matmul(h, output)`` return when called with these very values (checked, never assumed)."""
+
+    norm: Any
+    eps: float
+    output: MlxWeight
+    x: np.ndarray
+    normed: np.ndarray
+    logits: np.ndarray
+
+
+def _same(a: Any, b: np.ndarray) -> bool:
+    return isinstance(a, np.ndarray) and a.shape == b.shape and bool(np.array_equal(a, b))
