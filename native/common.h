@@ -155,6 +155,12 @@ typedef void (*lle_gemv_fn)(int k, const void *w, size_t w_stride, int nr, const
 /* the float block scales of one activation row (activation types with f16 scales) */
 typedef void (*lle_act_scales_fn)(int k, const void *a, float *scales);
 
+/* A packed weight (native/packed.c): LLE_PACK_ROWS rows interleaved per group. out[r*ldo + 16*g + l]
+ * = dot(act row r, weight row 16*g + l) for r < nr (<= 4), g < n_groups; `gemm` selects the order of
+ * the rows (1: that of vec_dot_r8_gemm, whose activations come from from_float_r8; 0: vec_dot_r8) */
+typedef void (*lle_packed_fn)(int k, const void *pw, int n_groups, const void *a, size_t a_stride, int nr,
+                              int gemm, float *out, size_t ldo);
+
 typedef struct {
     lle_to_float_fn to_float;
     lle_from_float_fn from_float;   /* only for activation types */
@@ -178,6 +184,8 @@ typedef struct {
     /* optional: llama.cpp's tiled K-quant GEMM order, used for 8 or more activation rows */
     lle_vec_dot_fn vec_dot_tiled;
     lle_tile_fn tile_tiled;         /* 4-row tile of the tiled order */
+    /* optional: the products of a packed copy of the weight (native/packed.c), same orders */
+    lle_packed_fn packed;
 } lle_kernels;
 
 typedef struct {
@@ -198,6 +206,27 @@ void lle_register_avx2(void);
 void lle_register_avx512(void);
 void lle_register_neon(void);
 void lle_test_add_cpu_features(int features);  /* self-test only */
+
+/* ---- packed weights (native/packed.c) ---- */
+/* Q4_K, 16 rows per group; per 256-value block of the group (LLE_PK_Q4K_BLOCK bytes):
+ *   d[16], dmin[16] (f16) | sc[8][16]: the 6-bit scale of sub-block s of row l | mn[4][16][2]: the
+ *   mins of sub-blocks 2j and 2j+1 of row l | qs[32][64]: for quarter j (64 values) and i < 8, the 4
+ *   bytes qs[32j + 4i ..] of each row l (low nibbles: values 64j + 4i.., high: 64j + 32 + 4i..) */
+#define LLE_PACK_ROWS 16
+#define LLE_PK_Q4K_D 0
+#define LLE_PK_Q4K_DMIN 32
+#define LLE_PK_Q4K_SC 64
+#define LLE_PK_Q4K_MN 192
+#define LLE_PK_Q4K_QS 320
+#define LLE_PK_Q4K_BLOCK (320 + 32 * 64)
+/* the packed copy of weight w (m rows of k values, row stride ws) if one was made, else NULL */
+const void *lle_packed_find(int type, const void *w, size_t ws, int64_t m, int64_t k);
+/* bytes of one packed group of LLE_PACK_ROWS rows */
+int64_t lle_packed_group_bytes(int type, int64_t k);
+void lle_pack_rows(int type, const void *w, size_t ws, int64_t m, int64_t k, void *dst);
+int lle_packed_add(int type, const void *w, size_t ws, int64_t m, int64_t k);
+void lle_packed_remove(const void *w);
+int lle_packed_entries(void);
 
 /* ---- float op kernels (per ISA) ---- */
 

@@ -167,6 +167,48 @@ static void test_bitexact(int isa, int ref_isa) {
     free(x); free(oa); free(ob); free(w); free(qa); free(qb);
 }
 
+/* packed weights (native/packed.c): a packed copy must give the products of the unpacked weight on
+ * the reference ISA bit for bit, on the decode and prefill paths (both orders of the repacked Q4_K,
+ * 4-row groups and the n % 4 rows after them); a weight whose bytes changed after packing must not
+ * use the stale copy */
+static void test_packed(int isa, int ref_isa) {
+    static const int ms[] = {16, 48}, ks[] = {512, 2304}, ns[] = {1, 3, 4, 5, 8, 13};
+    const int kmax = 2304, mmax = 48, nmax = 13, t = T_Q4_K;
+    float *x = malloc(sizeof(float) * nmax * kmax), *oa = malloc(sizeof(float) * nmax * mmax);
+    float *ob = malloc(sizeof(float) * nmax * mmax);
+    uint8_t *w = malloc(1 << 20);
+    for (int i = 0; i < nmax * kmax; i++) x[i] = rndf() * 3.0f;
+    int packed = 0;
+    for (int mi = 0; mi < 2; mi++)
+        for (int ki = 0; ki < 2; ki++) {
+            const int m = ms[mi], k = ks[ki];
+            const long long rs = lle_row_size(t, k);
+            random_weights(t, m, k, w);
+            lle_set_isa(isa);
+            const int r = lle_pack_weight(t, w, rs, m, k);
+            CHECK(r == 0 || r == 1, "lle_pack_weight returned %d", r);
+            packed += r == 1;
+            for (int ni = 0; ni < 6; ni++) {
+                const int n = ns[ni];
+                for (int stale = 0; stale < 2; stale++) {
+                    if (stale) w[0] ^= 0x5a;  /* the first byte of a scale: the copy no longer matches */
+                    lle_set_isa(ref_isa);
+                    lle_matmul(t, w, rs, m, k, x, n, oa, m);
+                    lle_set_isa(isa);
+                    lle_matmul(t, w, rs, m, k, x, n, ob, m);
+                    if (stale) w[0] ^= 0x5a;
+                    for (int i = 0; i < n * m; i++)
+                        CHECK(memcmp(oa + i, ob + i, sizeof(float)) == 0, "packed %s m=%d k=%d n=%d%s [%d]: %.9g vs %.9g",
+                              lle_type_traits[t].name, m, k, n, stale ? " (changed bytes)" : "", i, ob[i], oa[i]);
+                }
+            }
+            if (r == 1) lle_unpack_weight(w);
+        }
+    CHECK(lle_packed_count() == 0, "%d packed copies left", lle_packed_count());
+    printf("  packed Q4_K: %d of 4 shapes packed\n", packed);
+    free(x); free(oa); free(ob); free(w);
+}
+
 static void compare(const char *what, const float *a, const float *b, int n, float tol) {
     float mag = 0, err = 0;
     for (int i = 0; i < n; i++) {
@@ -234,6 +276,7 @@ int main(void) {
     if (lle_isa_available(ISA_AVX512) && lle_isa_available(ISA_AVX2)) {
         printf("testing avx512 against avx2, bit for bit\n");
         test_bitexact(ISA_AVX512, ISA_AVX2);
+        test_packed(ISA_AVX512, ISA_AVX2);
     }
     for (int isa = 1; isa < ISA_COUNT; isa++) {
         if (!lle_isa_available(isa)) continue;
