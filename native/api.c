@@ -39,7 +39,7 @@ void lle_unlock(void) { pthread_mutex_unlock(&g_lock); }
 /* ---------------------------------------------------------------- scratch */
 
 typedef struct { void *p; size_t size; } scratch_buf;
-static scratch_buf g_scratch_mm, g_scratch_ops;
+static scratch_buf g_scratch_mm, g_scratch_ops, g_scratch_kv;
 
 static void *scratch_get(scratch_buf *b, size_t bytes) {
     if (bytes <= b->size) return b->p;
@@ -54,6 +54,7 @@ static void *scratch_get(scratch_buf *b, size_t bytes) {
 }
 
 void *lle_scratch_ops(size_t bytes) { return scratch_get(&g_scratch_ops, bytes); }
+void *lle_scratch_kv(size_t bytes) { return scratch_get(&g_scratch_kv, bytes); }
 
 /* ---------------------------------------------------------------- CPU features */
 

@@ -238,6 +238,9 @@ typedef struct {
     const int *q_pos, *k_pos;
     float scale; int window; float softcap;
     float *out;
+    /* 1: k and v hold exact f32 copies of an f16 cache (read as f32, lle_attention_impl makes them for
+     * prefill); kv_f16 still rounds Q and the probabilities to f16. Only with n >= 2 and d % 8 == 0 */
+    int kv_wide;
 } lle_attn_args;
 
 /* floats of scratch one attention row needs */
@@ -256,6 +259,8 @@ typedef struct {
     void (*rope_head)(const float *src, float *dst, const float *cache, int n_rot, int neox);
     /* attention of query row i, head h into a->out (scratch: lle_attn_scratch_floats floats) */
     void (*attn_row)(const lle_attn_args *a, int64_t i, int64_t h, float *scratch);
+    /* y[i] = half x[i] as float (exact) */
+    void (*f16_to_f32)(int64_t n, const lle_half *x, float *y);
 } lle_op_kernels;
 
 extern lle_op_kernels lle_ops_scalar;

@@ -10,6 +10,9 @@
  * 512-bit register (two activation rows of a prefill tile, in the two 256-bit halves), each half
  * performs exactly the AVX2 kernel's 8-lane operations.
  *
+ * Q4_K weights with a multiple of 16 rows also get a packed copy at load (native/packed.c): its
+ * kernel (packed_q4_K) serves decode and both repacked prefill orders from 16 interleaved rows.
+ *
  * The same source is compiled a second time against SIMDe (LLE_AVX512_SIMDE, see
  * native/simde_avx512.c), into the self-test only, so that a CPU without AVX-512 checks this code
  * bit for bit against the AVX2 kernels (tests/test_native_kernels.py).

@@ -219,18 +219,19 @@ static void compare(const char *what, const float *a, const float *b, int n, flo
 }
 
 static void test_ops(int isa) {
-    enum { N = 3, H = 4, D = 64, T = 19, KV = 2 };
+    enum { N = 5, H = 4, D = 64, T = 19, KV = 2 };
     float x[N * H * D], w[D], a[N * H * D], b[N * H * D], g[N * H * D];
     lle_half k[T * KV * D], v[T * KV * D];
-    int pos[N] = {3, 11, 18}, kpos[T];
+    int pos[N] = {3, 11, 18, 7, 15}, kpos[T];
     for (int i = 0; i < N * H * D; i++) { x[i] = rndf() * 4; g[i] = rndf(); }
     for (int i = 0; i < D; i++) w[i] = rndf();
     for (int i = 0; i < T * KV * D; i++) { k[i] = lle_fp32_to_fp16(rndf()); v[i] = lle_fp32_to_fp16(rndf()); }
     for (int i = 0; i < T; i++) kpos[i] = i;
     const int isas[2] = {ISA_SCALAR, isa};
     float *res[2] = {a, b};
-    const char *names[] = {"rms_norm", "rope", "softmax", "glu silu", "glu gelu", "attention"};
-    for (int op = 0; op < 6; op++) {
+    /* attention of 5 query rows reads f32 copies of the f16 cache (lle_attn_args.kv_wide), of 3 the cache */
+    const char *names[] = {"rms_norm", "rope", "softmax", "glu silu", "glu gelu", "attention", "attention 3 rows"};
+    for (int op = 0; op < 7; op++) {
         for (int s = 0; s < 2; s++) {
             lle_set_isa(isas[s]);
             switch (op) {
@@ -240,9 +241,10 @@ static void test_ops(int isa) {
             case 3: lle_glu(x, g, N * H * D, 0, res[s]); break;
             case 4: lle_glu(x, g, N * H * D, 1, res[s]); break;
             case 5: lle_attention(x, N, H, D, k, v, 1, T, KV, KV * D, D, KV * D, D, pos, kpos, 0.125f, 0, 0.0f, res[s]); break;
+            case 6: lle_attention(x, 3, H, D, k, v, 1, T, KV, KV * D, D, KV * D, D, pos, kpos, 0.125f, 0, 0.0f, res[s]); break;
             }
         }
-        compare(names[op], a, b, N * H * D, op == 5 ? 2e-3f : 1e-5f);
+        compare(names[op], a, b, op == 6 ? 3 * H * D : N * H * D, op >= 5 ? 2e-3f : 1e-5f);
     }
 }
 
