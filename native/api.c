@@ -488,6 +488,8 @@ int lle_matmul_impl(int type, const void *w, long long w_stride, long long m, lo
         c.vd = kw->vec_dot_tiled;
         c.tile = kw->tile_tiled;
         c.tile_rows = 4;
+        if (kw->packed && m % LLE_PACK_ROWS == 0 && (c.pw = lle_packed_find(type, w, c.ws, m, k)))
+            c.gbytes = lle_packed_group_bytes(type, k);
     } else if (n >= 2 && kw->vec_dot_batch && (!plain || (m % 4 == 0 && k % 8 == 0))) {
         c.vd = kw->vec_dot_batch;
         c.tile = NULL;
@@ -662,7 +664,7 @@ int lle_pack_weight(int type, const void *w, long long w_stride, long long m, lo
     const size_t ws = w_stride > 0 ? (size_t)w_stride : (size_t)lle_row_size(type, k);
     int r = 0;
     /* only where the packed kernels replace the ones a product of this weight uses */
-    if (kw->packed && kw->vec_dot_r8 && m % LLE_PACK_ROWS == 0 && lle_packed_group_bytes(type, k) > 0)
+    if (kw->packed && (kw->vec_dot_r8 || kw->vec_dot_tiled) && m % LLE_PACK_ROWS == 0 && lle_packed_group_bytes(type, k) > 0)
         r = lle_packed_add(type, w, ws, m, k);
     lle_unlock();
     return r;

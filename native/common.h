@@ -219,6 +219,13 @@ void lle_test_add_cpu_features(int features);  /* self-test only */
 #define LLE_PK_Q4K_MN 192
 #define LLE_PK_Q4K_QS 320
 #define LLE_PK_Q4K_BLOCK (320 + 32 * 64)
+/* Q6_K, 16 rows per group, read by the tiled order only (8 or more activation rows); per block:
+ *   d[16] (f16) | sc[16][16]: the int8 scale of sub-block s of row l | q[64][64]: for i < 64 the
+ *   quants 4i..4i+3 of each row l as bytes in [0, 63] (the value plus 32) */
+#define LLE_PK_Q6K_D 0
+#define LLE_PK_Q6K_SC 32
+#define LLE_PK_Q6K_Q 288
+#define LLE_PK_Q6K_BLOCK (288 + 64 * 64)
 /* the packed copy of weight w (m rows of k values, row stride ws) if one was made, else NULL */
 const void *lle_packed_find(int type, const void *w, size_t ws, int64_t m, int64_t k);
 /* bytes of one packed group of LLE_PACK_ROWS rows */

@@ -49,13 +49,37 @@ static void pack_q4_K(const void *w, size_t ws, int64_t m, int64_t k, void *dst)
             }
 }
 
+/* the 6-bit quant v (0..255) of a Q6_K block, unsigned (ggml's dequantize_row_q6_K before the -32) */
+static uint8_t q6k_quant(const block_q6_K *x, int v) {
+    const int n = v / 128, r = v % 128, quarter = r / 32, l = r % 32;
+    const uint8_t *ql = x->ql + 64 * n, *qh = x->qh + 32 * n;
+    const uint8_t lo = quarter == 0 ? ql[l] & 0xF : quarter == 1 ? ql[l + 32] & 0xF : quarter == 2 ? ql[l] >> 4 : ql[l + 32] >> 4;
+    return (uint8_t)(lo | (((qh[l] >> (2 * quarter)) & 3) << 4));
+}
+
+static void pack_q6_K(const void *w, size_t ws, int64_t m, int64_t k, void *dst) {
+    const int64_t nb = k / QK_K;
+    uint8_t *o = dst;
+    for (int64_t g = 0; g < m / LLE_PACK_ROWS; g++)
+        for (int64_t b = 0; b < nb; b++, o += LLE_PK_Q6K_BLOCK)
+            for (int l = 0; l < LLE_PACK_ROWS; l++) {
+                const block_q6_K *x = (const block_q6_K *)((const uint8_t *)w + (size_t)(g * LLE_PACK_ROWS + l) * ws) + b;
+                memcpy(o + LLE_PK_Q6K_D + 2 * l, &x->d, 2);
+                for (int s = 0; s < 16; s++) o[LLE_PK_Q6K_SC + 16 * s + l] = (uint8_t)x->scales[s];
+                for (int v = 0; v < QK_K; v++) o[LLE_PK_Q6K_Q + 64 * (v / 4) + 4 * l + v % 4] = q6k_quant(x, v);
+            }
+}
+
 int64_t lle_packed_group_bytes(int type, int64_t k) {
-    if (type == T_Q4_K && k > 0 && k % QK_K == 0) return k / QK_K * LLE_PK_Q4K_BLOCK;
+    if (k <= 0 || k % QK_K) return -1;
+    if (type == T_Q4_K) return k / QK_K * LLE_PK_Q4K_BLOCK;
+    if (type == T_Q6_K) return k / QK_K * LLE_PK_Q6K_BLOCK;
     return -1;
 }
 
 void lle_pack_rows(int type, const void *w, size_t ws, int64_t m, int64_t k, void *dst) {
     if (type == T_Q4_K) pack_q4_K(w, ws, m, k, dst);
+    if (type == T_Q6_K) pack_q6_K(w, ws, m, k, dst);
 }
 
 /* ---------------------------------------------------------------- registry */

@@ -10,8 +10,9 @@
  * 512-bit register (two activation rows of a prefill tile, in the two 256-bit halves), each half
  * performs exactly the AVX2 kernel's 8-lane operations.
  *
- * Q4_K weights with a multiple of 16 rows also get a packed copy at load (native/packed.c): its
- * kernel (packed_q4_K) serves decode and both repacked prefill orders from 16 interleaved rows.
+ * Q4_K and Q6_K weights with a multiple of 16 rows also get a packed copy at load (native/packed.c):
+ * packed_q4_K serves decode and both repacked prefill orders, packed_q6_K the tiled order (8+ rows),
+ * from 16 interleaved rows.
  *
  * The same source is compiled a second time against SIMDe (LLE_AVX512_SIMDE, see
  * native/simde_avx512.c), into the self-test only, so that a CPU without AVX-512 checks this code
@@ -42,6 +43,9 @@ static inline __m512 lle512_cvtph_ps(__m256i h) {
 static inline __m512i lle512_cvtepu8_epi32(__m128i v) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepu8_epi32(v)), _mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)), 1);
 }
+static inline __m512i lle512_cvtepi8_epi32(__m128i v) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepi8_epi32(v)), _mm256_cvtepi8_epi32(_mm_srli_si128(v, 8)), 1);
+}
 static inline __m512i lle512_cvtepu8_epi16(__m256i v) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(v))),
                               _mm256_cvtepu8_epi16(_mm256_extracti128_si256(v, 1)), 1);
@@ -59,6 +63,7 @@ static inline __m512i lle512_cvtepu8_epi16(__m256i v) {
 #define lle512_cvtph_ps _mm512_cvtph_ps
 #define lle512_cvtepu8_epi32 _mm512_cvtepu8_epi32
 #define lle512_cvtepu8_epi16 _mm512_cvtepu8_epi16
+#define lle512_cvtepi8_epi32 _mm512_cvtepi8_epi32
 typedef __mmask64 lle_mask64;
 typedef __mmask32 lle_mask32;
 #endif
@@ -595,6 +600,68 @@ static void vec_dot_q6_K(int n, float *LLE_RESTRICT s, const void *LLE_RESTRICT 
     *s = hsum_float_8(acc);
 }
 
+/* Q6_K, packed 16 rows (native/packed.c), the tiled order only (tile_q6_K_tiled: per block
+ * buf = fma(d * s1, dy, buf)): s1 = sum over sub-blocks of scale * (q . a) - 32 * scale * bsum, the
+ * exact integer of ints_q6_K, from vpdpbusd of the unsigned quants with 4 activation bytes broadcast
+ * (lane l = row l). `gemm` is unused (one order). */
+LLE_INLINE void packed_q6_K_nr(const int NR, int k, const uint8_t *pw, int ng, const uint8_t *a, size_t as,
+                               float *out, size_t ldo) {
+    const int nb = k / QK_K;
+    for (int g = 0; g < ng; g++) {
+        const uint8_t *gw = pw + (size_t)g * nb * LLE_PK_Q6K_BLOCK;
+        __m512 buf[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) buf[r] = _mm512_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *blk = gw + (size_t)b * LLE_PK_Q6K_BLOCK;
+            const __m512 dw = lle512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + LLE_PK_Q6K_D)));
+            const block_q8_K *y[4];
+            __m512i s1[4], off[4];
+#pragma GCC unroll 4
+            for (int r = 0; r < NR; r++) {
+                y[r] = (const block_q8_K *)(a + (size_t)r * as) + b;
+                s1[r] = off[r] = _mm512_setzero_si512();
+            }
+            for (int s = 0; s < 16; s++) {
+                const __m512i sc = lle512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + LLE_PK_Q6K_SC + 16 * s)));
+                __m512i dsum[4];
+#pragma GCC unroll 4
+                for (int r = 0; r < NR; r++) dsum[r] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; i++) {
+                    const __m512i q = _mm512_loadu_si512((const void *)(blk + LLE_PK_Q6K_Q + 64 * (4 * s + i)));
+#pragma GCC unroll 4
+                    for (int r = 0; r < NR; r++)
+                        dsum[r] = _mm512_dpbusd_epi32(dsum[r], q, _mm512_set1_epi32(load_i32(y[r]->qs + 16 * s + 4 * i)));
+                }
+#pragma GCC unroll 4
+                for (int r = 0; r < NR; r++) {
+                    s1[r] = _mm512_add_epi32(s1[r], _mm512_mullo_epi32(dsum[r], sc));
+                    off[r] = _mm512_add_epi32(off[r], _mm512_mullo_epi32(sc, _mm512_set1_epi32(y[r]->bsums[s])));
+                }
+            }
+#pragma GCC unroll 4
+            for (int r = 0; r < NR; r++) {
+                const __m512i t = _mm512_sub_epi32(s1[r], _mm512_slli_epi32(off[r], 5));
+                buf[r] = _mm512_fmadd_ps(_mm512_mul_ps(dw, lle512_cvtepi32_ps(t)), _mm512_set1_ps(y[r]->d), buf[r]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) _mm512_storeu_ps(out + (size_t)r * ldo + LLE_PACK_ROWS * g, buf[r]);
+    }
+}
+
+static void packed_q6_K(int k, const void *pw, int ng, const void *a, size_t as, int nr, int gemm, float *out,
+                        size_t ldo) {
+    (void)gemm;
+    switch (nr) {
+    case 1: packed_q6_K_nr(1, k, pw, ng, a, as, out, ldo); break;
+    case 2: packed_q6_K_nr(2, k, pw, ng, a, as, out, ldo); break;
+    case 3: packed_q6_K_nr(3, k, pw, ng, a, as, out, ldo); break;
+    default: packed_q6_K_nr(4, k, pw, ng, a, as, out, ldo); break;
+    }
+}
+
 /* the four lane totals of four 16-lane int32 vectors: [sum v0, sum v1, sum v2, sum v3] */
 LLE_INLINE __m128i hsum4x16(__m512i v0, __m512i v1, __m512i v2, __m512i v3) {
     const __m512i s01 = _mm512_add_epi32(_mm512_unpacklo_epi32(v0, v1), _mm512_unpackhi_epi32(v0, v1));
@@ -646,7 +713,7 @@ void LLE_AVX512_REGISTER(void) {
     k = from_avx2(T_Q8_0); k.vec_dot = vec_dot_q8_0; k.gemv = gemv_q8_0; k.tile = tile_q8_0; k.tile_rows = 8; t[T_Q8_0] = k;
     k = from_avx2(T_Q4_1); k.vec_dot = vec_dot_q4_1; k.gemv = gemv_q4_1; k.tile = tile_q4_1; k.tile_rows = 8; t[T_Q4_1] = k;
     k = from_avx2(T_Q4_K); k.vec_dot_r8 = vec_dot_q4_K_r8; k.packed = packed_q4_K; t[T_Q4_K] = k;
-    k = from_avx2(T_Q6_K); k.vec_dot = vec_dot_q6_K; k.tile_tiled = tile_q6_K_tiled; t[T_Q6_K] = k;
+    k = from_avx2(T_Q6_K); k.vec_dot = vec_dot_q6_K; k.tile_tiled = tile_q6_K_tiled; k.packed = packed_q6_K; t[T_Q6_K] = k;
     k = from_avx2(T_Q5_1); k.vec_dot = vec_dot_q5_1; k.gemv = gemv_q5_1; k.tile = tile_q5_1; k.tile_rows = 8; t[T_Q5_1] = k;
 }
 

@@ -173,15 +173,17 @@ static void test_bitexact(int isa, int ref_isa) {
  * use the stale copy */
 static void test_packed(int isa, int ref_isa) {
     static const int ms[] = {16, 48}, ks[] = {512, 2304}, ns[] = {1, 3, 4, 5, 8, 13};
-    const int kmax = 2304, mmax = 48, nmax = 13, t = T_Q4_K;
+    static const int pts[] = {T_Q4_K, T_Q6_K};
+    const int kmax = 2304, mmax = 48, nmax = 13;
     float *x = malloc(sizeof(float) * nmax * kmax), *oa = malloc(sizeof(float) * nmax * mmax);
     float *ob = malloc(sizeof(float) * nmax * mmax);
     uint8_t *w = malloc(1 << 20);
     for (int i = 0; i < nmax * kmax; i++) x[i] = rndf() * 3.0f;
     int packed = 0;
+    for (int ti = 0; ti < 2; ti++)
     for (int mi = 0; mi < 2; mi++)
         for (int ki = 0; ki < 2; ki++) {
-            const int m = ms[mi], k = ks[ki];
+            const int m = ms[mi], k = ks[ki], t = pts[ti];
             const long long rs = lle_row_size(t, k);
             random_weights(t, m, k, w);
             lle_set_isa(isa);
@@ -191,7 +193,7 @@ static void test_packed(int isa, int ref_isa) {
             for (int ni = 0; ni < 6; ni++) {
                 const int n = ns[ni];
                 for (int stale = 0; stale < 2; stale++) {
-                    if (stale) w[0] ^= 0x5a;  /* the first byte of a scale: the copy no longer matches */
+                    if (stale) w[0] ^= 0x5a;  /* the copy no longer matches the weight */
                     lle_set_isa(ref_isa);
                     lle_matmul(t, w, rs, m, k, x, n, oa, m);
                     lle_set_isa(isa);
@@ -205,7 +207,7 @@ static void test_packed(int isa, int ref_isa) {
             if (r == 1) lle_unpack_weight(w);
         }
     CHECK(lle_packed_count() == 0, "%d packed copies left", lle_packed_count());
-    printf("  packed Q4_K: %d of 4 shapes packed\n", packed);
+    printf("  packed Q4_K, Q6_K: %d of 8 shapes packed\n", packed);
     free(x); free(oa); free(ob); free(w);
 }
 
