@@ -39,7 +39,7 @@ void lle_unlock(void) { pthread_mutex_unlock(&g_lock); }
 /* ---------------------------------------------------------------- scratch */
 
 typedef struct { void *p; size_t size; } scratch_buf;
-static scratch_buf g_scratch_mm, g_scratch_ops;
+static scratch_buf g_scratch_mm, g_scratch_ops, g_scratch_kv;
 
 static void *scratch_get(scratch_buf *b, size_t bytes) {
     if (bytes <= b->size) return b->p;
@@ -54,6 +54,7 @@ static void *scratch_get(scratch_buf *b, size_t bytes) {
 }
 
 void *lle_scratch_ops(size_t bytes) { return scratch_get(&g_scratch_ops, bytes); }
+void *lle_scratch_kv(size_t bytes) { return scratch_get(&g_scratch_kv, bytes); }
 
 /* ---------------------------------------------------------------- CPU features */
 
@@ -169,6 +170,7 @@ static void select_isa(int isa) {
                 k.tile_r8_gemm = src->tile_r8_gemm;
                 k.tile_tiled = src->tile_tiled;
                 k.vec_dot_tiled = src->vec_dot_tiled;
+                k.packed = src->packed;
                 g_kernel_isa[t] = chain[c];
             }
             /* the x86 tiers' gemv kernels agree bit for bit, so the rows kernel may come from below */
@@ -327,6 +329,8 @@ typedef struct {
     lle_tile_fn tile;     /* NULL: vd per element */
     int tile_rows;        /* activation rows per call of `tile` (a multiple of 4) */
     lle_gemv_fn gemv;     /* NULL: vd per row */
+    /* a packed copy of the weight (native/packed.c), read by kw->packed instead of vd/tiles */
+    const uint8_t *pw; int64_t gbytes;
     int type;
     const uint8_t *w; size_t ws; int64_t m; int k;
     const uint8_t *a; size_t as; int64_t n;
@@ -386,7 +390,10 @@ static void mm_rows_task(void *vctx, int ith, int nth) {
         if (ch >= c->n_chunks) break;
         const int64_t j0 = ch * c->chunk;
         const int64_t j1 = j0 + c->chunk < c->m ? j0 + c->chunk : c->m;
-        if (gemv) {
+        if (c->pw) {
+            c->kw->packed(c->k, c->pw + j0 / LLE_PACK_ROWS * c->gbytes, (int)((j1 - j0) / LLE_PACK_ROWS), c->a, c->as, 1, 0,
+                          c->out + j0, 0);
+        } else if (gemv) {
             gemv(c->k, c->w + j0 * c->ws, c->ws, (int)(j1 - j0), c->a, c->scales, c->out + j0);
         } else {
             for (int64_t j = j0; j < j1; j++) vd(c->k, c->out + j, c->w + j * c->ws, c->a);
@@ -405,7 +412,14 @@ static void mm_tiles_task(void *vctx, int ith, int nth) {
         const int64_t bi = t / c->ntm, bj = t % c->ntm;
         const int64_t i0 = bi * c->tn, i1 = i0 + c->tn < c->n ? i0 + c->tn : c->n;
         const int64_t j0 = bj * c->tm, j1 = j0 + c->tm < c->m ? j0 + c->tm : c->m;
-        if (tile || c->tile_head) {
+        if (c->pw) {  /* one group of weight rows at a time (it stays in L1), four activation rows per call */
+            for (int64_t g = j0; g < j1; g += LLE_PACK_ROWS)
+                for (int64_t i = i0; i < i1; i += 4) {
+                    const int nr = i1 - i < 4 ? (int)(i1 - i) : 4;
+                    c->kw->packed(c->k, c->pw + g / LLE_PACK_ROWS * c->gbytes, 1, c->a + i * c->as, c->as, nr,
+                                  i < c->n_head_rows, c->out + i * c->ldo + g, (size_t)c->ldo);
+                }
+        } else if (tile || c->tile_head) {
             for (int64_t i = i0, nr; i < i1; i += nr) {
                 const lle_tile_fn ti = i < c->n_head_rows ? c->tile_head : tile;
                 const int step = ti == tile ? c->tile_rows : 4;  /* head rows: groups of 4 */
@@ -470,10 +484,14 @@ int lle_matmul_impl(int type, const void *w, long long w_stride, long long m, lo
             c.n_head_rows = n - n % 4;
             c.from_float_head = g_active[vt].from_float_r8;
         }
+        if (kw->packed && m % LLE_PACK_ROWS == 0 && (c.pw = lle_packed_find(type, w, c.ws, m, k)))
+            c.gbytes = lle_packed_group_bytes(type, k);
     } else if (kw->vec_dot_tiled && n >= 8) {
         c.vd = kw->vec_dot_tiled;
         c.tile = kw->tile_tiled;
         c.tile_rows = 4;
+        if (kw->packed && m % LLE_PACK_ROWS == 0 && (c.pw = lle_packed_find(type, w, c.ws, m, k)))
+            c.gbytes = lle_packed_group_bytes(type, k);
     } else if (n >= 2 && kw->vec_dot_batch && (!plain || (m % 4 == 0 && k % 8 == 0))) {
         c.vd = kw->vec_dot_batch;
         c.tile = NULL;
@@ -508,6 +526,7 @@ int lle_matmul_impl(int type, const void *w, long long w_stride, long long m, lo
     if (n == 1) {
         int64_t chunk = m / (nth * 16);
         if (chunk < 8) chunk = 8;
+        if (c.pw) chunk = (chunk + LLE_PACK_ROWS - 1) / LLE_PACK_ROWS * LLE_PACK_ROWS;
         c.chunk = chunk;
         c.n_chunks = (m + chunk - 1) / chunk;
         /* small products (under ~16 KB of weights) are not worth waking the pool */
@@ -517,6 +536,7 @@ int lle_matmul_impl(int type, const void *w, long long w_stride, long long m, lo
         int64_t tm = 16384 / (int64_t)c.ws;
         if (tm < 4) tm = 4;
         if (tm > 64) tm = 64;
+        if (c.pw) tm = (tm + LLE_PACK_ROWS - 1) / LLE_PACK_ROWS * LLE_PACK_ROWS;
         c.tm = tm;
         c.tn = n < 64 ? n : 64;
         c.ntm = (m + tm - 1) / tm;
@@ -662,6 +682,7 @@ int lle_matmul_rows(int type, const void *w, long long w_stride, long long m, lo
  * instead of one per product. Each row uses exactly the kernel lle_matmul_impl picks for n = 1. */
 typedef struct {
     lle_vec_dot_fn vd; lle_gemv_fn gemv;
+    lle_packed_fn packed; const uint8_t *pw; int64_t gbytes;  /* a packed copy (see mm_ctx) */
     const uint8_t *w; size_t ws; int64_t m; int k;
     const uint8_t *a; const float *scales;
     float *out; int64_t chunk, c0, c1;  /* this product's chunks are [c0, c1) of the job */
@@ -682,7 +703,10 @@ static void mv_task(void *vctx, int ith, int nth) {
         const mv_part *p = &c->p[i];
         const int64_t j0 = (ch - p->c0) * p->chunk;
         const int64_t j1 = j0 + p->chunk < p->m ? j0 + p->chunk : p->m;
-        if (p->gemv) {
+        if (p->pw) {
+            p->packed(p->k, p->pw + j0 / LLE_PACK_ROWS * p->gbytes, (int)((j1 - j0) / LLE_PACK_ROWS), p->a, 0, 1, 0,
+                      p->out + j0, 0);
+        } else if (p->gemv) {
             p->gemv(p->k, p->w + j0 * p->ws, p->ws, (int)(j1 - j0), p->a, p->scales, p->out + j0);
         } else {
             for (int64_t j = j0; j < j1; j++) p->vd(p->k, p->out + j, p->w + j * p->ws, p->a);
@@ -713,6 +737,11 @@ int lle_matvec_group_impl(const lle_weight *const *ws, int count, const float *x
         }
         p->w = w->data;
         p->ws = w->row_bytes > 0 ? (size_t)w->row_bytes : (size_t)lle_row_size(type, w->k);
+        if (p->vd == kw->vec_dot_r8 && kw->packed && w->m % LLE_PACK_ROWS == 0 &&
+            (p->pw = lle_packed_find(type, w->data, p->ws, w->m, w->k))) {
+            p->packed = kw->packed;
+            p->gbytes = lle_packed_group_bytes(type, w->k);
+        }
         p->m = w->m;
         p->k = (int)w->k;
         p->out = outs[i];
@@ -735,6 +764,7 @@ int lle_matvec_group_impl(const lle_weight *const *ws, int count, const float *x
         }
         int64_t chunk = p->m / (nth * 16);
         if (chunk < 8) chunk = 8;
+        if (p->pw) chunk = (chunk + LLE_PACK_ROWS - 1) / LLE_PACK_ROWS * LLE_PACK_ROWS;
         p->chunk = chunk;
         p->c0 = c.n_chunks;
         c.n_chunks += (p->m + chunk - 1) / chunk;
@@ -744,6 +774,35 @@ int lle_matvec_group_impl(const lle_weight *const *ws, int count, const float *x
     if (nth == 1 || bytes < 16384) mv_task(&c, 0, 1);
     else lle_pool_run(mv_task, &c);
     return 0;
+}
+
+/* ---------------------------------------------------------------- packed weights */
+
+int lle_pack_weight(int type, const void *w, long long w_stride, long long m, long long k) {
+    if (!valid_type(type) || m <= 0 || k <= 0 || k > 0x7fffffff || lle_row_size(type, k) < 0 || !w) return -1;
+    lle_lock();
+    ensure_init();
+    const lle_kernels *kw = &g_active[type];
+    const size_t ws = w_stride > 0 ? (size_t)w_stride : (size_t)lle_row_size(type, k);
+    int r = 0;
+    /* only where the packed kernels replace the ones a product of this weight uses */
+    if (kw->packed && (kw->vec_dot_r8 || kw->vec_dot_tiled) && m % LLE_PACK_ROWS == 0 && lle_packed_group_bytes(type, k) > 0)
+        r = lle_packed_add(type, w, ws, m, k);
+    lle_unlock();
+    return r;
+}
+
+void lle_unpack_weight(const void *w) {
+    lle_lock();
+    lle_packed_remove(w);
+    lle_unlock();
+}
+
+int lle_packed_count(void) {
+    lle_lock();
+    const int n = lle_packed_entries();
+    lle_unlock();
+    return n;
 }
 
 /* ---------------------------------------------------------------- rows, dequantize, test hooks */

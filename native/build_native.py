@@ -27,6 +27,7 @@ SOURCES = [
     "ops.c",
     "ops_avx2.c",
     "layer.c",
+    "packed.c",
 ]
 DEPENDS = ["common.h", "llmedge_api.h", "tiles_avx2.inc", "gemv_avx2.inc", "gemv_rows_avx2.inc", "korder_avx2.inc"]
 

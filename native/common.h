@@ -160,6 +160,12 @@ typedef void (*lle_gemv_rows_fn)(int k, const void *w, size_t w_stride, int nr, 
 /* the float block scales of one activation row (activation types with f16 scales) */
 typedef void (*lle_act_scales_fn)(int k, const void *a, float *scales);
 
+/* A packed weight (native/packed.c): LLE_PACK_ROWS rows interleaved per group. out[r*ldo + 16*g + l]
+ * = dot(act row r, weight row 16*g + l) for r < nr (<= 4), g < n_groups; `gemm` selects the order of
+ * the rows (1: that of vec_dot_r8_gemm, whose activations come from from_float_r8; 0: vec_dot_r8) */
+typedef void (*lle_packed_fn)(int k, const void *pw, int n_groups, const void *a, size_t a_stride, int nr,
+                              int gemm, float *out, size_t ldo);
+
 typedef struct {
     lle_to_float_fn to_float;
     lle_from_float_fn from_float;   /* only for activation types */
@@ -186,6 +192,8 @@ typedef struct {
     /* optional: llama.cpp's tiled K-quant GEMM order, used for 8 or more activation rows */
     lle_vec_dot_fn vec_dot_tiled;
     lle_tile_fn tile_tiled;         /* 4-row tile of the tiled order */
+    /* optional: the products of a packed copy of the weight (native/packed.c), same orders */
+    lle_packed_fn packed;
 } lle_kernels;
 
 typedef struct {
@@ -207,6 +215,34 @@ void lle_register_avx512(void);
 void lle_register_neon(void);
 void lle_test_add_cpu_features(int features);  /* self-test only */
 
+/* ---- packed weights (native/packed.c) ---- */
+/* Q4_K, 16 rows per group; per 256-value block of the group (LLE_PK_Q4K_BLOCK bytes):
+ *   d[16], dmin[16] (f16) | sc[8][16]: the 6-bit scale of sub-block s of row l | mn[4][16][2]: the
+ *   mins of sub-blocks 2j and 2j+1 of row l | qs[32][64]: for quarter j (64 values) and i < 8, the 4
+ *   bytes qs[32j + 4i ..] of each row l (low nibbles: values 64j + 4i.., high: 64j + 32 + 4i..) */
+#define LLE_PACK_ROWS 16
+#define LLE_PK_Q4K_D 0
+#define LLE_PK_Q4K_DMIN 32
+#define LLE_PK_Q4K_SC 64
+#define LLE_PK_Q4K_MN 192
+#define LLE_PK_Q4K_QS 320
+#define LLE_PK_Q4K_BLOCK (320 + 32 * 64)
+/* Q6_K, 16 rows per group, read by the tiled order only (8 or more activation rows); per block:
+ *   d[16] (f16) | sc[16][16]: the int8 scale of sub-block s of row l | q[64][64]: for i < 64 the
+ *   quants 4i..4i+3 of each row l as bytes in [0, 63] (the value plus 32) */
+#define LLE_PK_Q6K_D 0
+#define LLE_PK_Q6K_SC 32
+#define LLE_PK_Q6K_Q 288
+#define LLE_PK_Q6K_BLOCK (288 + 64 * 64)
+/* the packed copy of weight w (m rows of k values, row stride ws) if one was made, else NULL */
+const void *lle_packed_find(int type, const void *w, size_t ws, int64_t m, int64_t k);
+/* bytes of one packed group of LLE_PACK_ROWS rows */
+int64_t lle_packed_group_bytes(int type, int64_t k);
+void lle_pack_rows(int type, const void *w, size_t ws, int64_t m, int64_t k, void *dst);
+int lle_packed_add(int type, const void *w, size_t ws, int64_t m, int64_t k);
+void lle_packed_remove(const void *w);
+int lle_packed_entries(void);
+
 /* ---- float op kernels (per ISA) ---- */
 
 /* one attention problem: q [n, n_head, d] over t cells of k/v (f16 or f32, strides in elements) */
@@ -217,6 +253,9 @@ typedef struct {
     const int *q_pos, *k_pos;
     float scale; int window; float softcap;
     float *out;
+    /* 1: k and v hold exact f32 copies of an f16 cache (read as f32, lle_attention_impl makes them for
+     * prefill); kv_f16 still rounds Q and the probabilities to f16. Only with n >= 2 and d % 8 == 0 */
+    int kv_wide;
 } lle_attn_args;
 
 /* floats of scratch one attention row needs */
@@ -235,6 +274,8 @@ typedef struct {
     void (*rope_head)(const float *src, float *dst, const float *cache, int n_rot, int neox);
     /* attention of query row i, head h into a->out (scratch: lle_attn_scratch_floats floats) */
     void (*attn_row)(const lle_attn_args *a, int64_t i, int64_t h, float *scratch);
+    /* y[i] = half x[i] as float (exact) */
+    void (*f16_to_f32)(int64_t n, const lle_half *x, float *y);
 } lle_op_kernels;
 
 extern lle_op_kernels lle_ops_scalar;

@@ -44,6 +44,15 @@ int lle_quantize_act(int type, const float *x, long long n, long long k, void *o
 /* one dot product of a weight row of `type` with an activation row already in vec_type */
 int lle_vec_dot(int type, long long k, const void *w_row, const void *act_row, float *out);
 
+/* ---- packed weights ---- */
+/* Make a packed copy of a weight (m rows of k values) for the kernels of the selected ISA, used by
+ * every later product with this exact weight (same pointer, rows and stride); results are unchanged
+ * (same summation order), only faster. Returns 1 if packed, 0 if this type, shape or ISA has no
+ * packed kernels (nothing to do), < 0 on error. Each successful call needs one lle_unpack_weight. */
+int lle_pack_weight(int type, const void *w, long long w_stride, long long m, long long k);
+void lle_unpack_weight(const void *w);
+int lle_packed_count(void);                  /* packed copies alive (tests) */
+
 /* ---- other ops (float32 in/out, C-contiguous unless strides are given) ---- */
 int lle_rms_norm(const float *x, const float *w, long long n, long long d, float eps, float *out);
 int lle_rope(const float *x, const int *pos, long long n, long long n_head, long long head_dim,

@@ -13,6 +13,7 @@ const lle_op_kernels *lle_ops = &lle_ops_scalar;
 
 /* provided by api.c */
 void *lle_scratch_ops(size_t bytes);
+void *lle_scratch_kv(size_t bytes);
 void lle_lock(void);
 void lle_unlock(void);
 void lle_ensure_init(void);
@@ -51,7 +52,8 @@ static double softmax_exp_scalar(int n, float *y, const float *x, float max) {
 static void attn_row_scalar(const lle_attn_args *a, int64_t i, int64_t h, float *scratch) {
     const int64_t d = a->d, t = a->t;
     const int64_t g = h / (a->n_head / a->n_kv);
-    const size_t esz = a->kv_f16 ? 2 : 4;
+    const int ld16 = a->kv_f16 && !a->kv_wide;
+    const size_t esz = ld16 ? 2 : 4;
     float *w = scratch;
     float *qb = w + ((t + 31) & ~(int64_t)31);
     float *acc = qb + d;
@@ -68,7 +70,7 @@ static void attn_row_scalar(const lle_attn_args *a, int64_t i, int64_t h, float 
         }
         const uint8_t *kr = a->k + (size_t)(j * a->ks_t + g * a->ks_h) * esz;
         float s = 0;
-        if (a->kv_f16) for (int64_t e = 0; e < d; e++) s += FP16(((const lle_half *)kr)[e]) * qb[e];
+        if (ld16) for (int64_t e = 0; e < d; e++) s += FP16(((const lle_half *)kr)[e]) * qb[e];
         else for (int64_t e = 0; e < d; e++) s += ((const float *)kr)[e] * qb[e];
         if (a->softcap > 0) s = tanhf(s * inv_cap) * a->softcap;
         w[j] = s * a->scale;
@@ -85,7 +87,7 @@ static void attn_row_scalar(const lle_attn_args *a, int64_t i, int64_t h, float 
         if (w[j] == 0.0f) continue;
         const float p = a->kv_f16 ? FP16(lle_fp32_to_fp16(w[j] * inv)) : w[j] * inv;
         const uint8_t *vr = a->v + (size_t)(j * a->vs_t + g * a->vs_h) * esz;
-        if (a->kv_f16) for (int64_t e = 0; e < d; e++) acc[e] += FP16(((const lle_half *)vr)[e]) * p;
+        if (ld16) for (int64_t e = 0; e < d; e++) acc[e] += FP16(((const lle_half *)vr)[e]) * p;
         else for (int64_t e = 0; e < d; e++) acc[e] += ((const float *)vr)[e] * p;
     }
     memcpy(o, acc, (size_t)d * sizeof(float));
@@ -101,7 +103,12 @@ static void rope_head_scalar(const float *src, float *dst, const float *cache, i
     }
 }
 
-lle_op_kernels lle_ops_scalar = {swiglu_scalar, geglu_scalar, softmax_exp_scalar, rope_head_scalar, attn_row_scalar};
+static void f16_to_f32_scalar(int64_t n, const lle_half *x, float *y) {
+    for (int64_t i = 0; i < n; i++) y[i] = FP16(x[i]);
+}
+
+lle_op_kernels lle_ops_scalar = {swiglu_scalar, geglu_scalar, softmax_exp_scalar, rope_head_scalar, attn_row_scalar,
+                                 f16_to_f32_scalar};
 
 void lle_build_gelu_table(void) {
     const float GELU_COEF_A = 0.044715f;
@@ -338,8 +345,25 @@ int lle_attention_impl(const float *q, long long n, long long n_head, long long 
         return -2;
     }
     attn_ctx c = {{q, n, n_head, d, k, v, kv_f16, t, n_kv, k_stride_t, k_stride_h, v_stride_t, v_stride_h,
-                   q_pos, k_pos, scale, window, softcap, out},
+                   q_pos, k_pos, scale, window, softcap, out, 0},
                   scratch, per, 1, n, 0};
+    /* prefill over an f16 cache: every K/V row is read by n * n_head / n_kv queries, so convert the
+     * rows once into f32 copies (exact) instead of at every read; same values, same order */
+    if (kv_f16 && n >= 4 && d % 8 == 0 && t > 0) {
+        float *kf = lle_scratch_kv((size_t)(2 * n_kv * t * d) * sizeof(float));
+        if (!kf) return -2;
+        float *vf = kf + n_kv * t * d;
+        for (int64_t g = 0; g < n_kv; g++)
+            for (int64_t j = 0; j < t; j++) {
+                lle_ops->f16_to_f32(d, (const lle_half *)k + j * k_stride_t + g * k_stride_h, kf + (g * t + j) * d);
+                lle_ops->f16_to_f32(d, (const lle_half *)v + j * v_stride_t + g * v_stride_h, vf + (g * t + j) * d);
+            }
+        c.a.k = (const uint8_t *)kf;
+        c.a.v = (const uint8_t *)vf;
+        c.a.ks_t = c.a.vs_t = d;
+        c.a.ks_h = c.a.vs_h = t * d;
+        c.a.kv_wide = 1;
+    }
     /* blocks of up to 32 query rows, at least ~16 tasks per thread */
     int64_t rows = n * n_head / (16 * (int64_t)nth);
     rows = rows < 1 ? 1 : rows > 32 ? 32 : rows;

@@ -375,8 +375,9 @@ static void attn_row(const lle_attn_args *a, int64_t i, int64_t h, float *scratc
     const int64_t d = a->d, t = a->t;
     const int64_t tp = (t + 31) & ~(int64_t)31, t8 = (t + 7) & ~(int64_t)7;
     const int64_t g = h / (a->n_head / a->n_kv);
-    const int f16 = a->kv_f16;
-    const size_t esz = f16 ? 2 : 4;
+    const int f16 = a->kv_f16;              /* Q and the probabilities rounded to f16 */
+    const int ld16 = f16 && !a->kv_wide;     /* K and V read as f16 (else f32 copies, see lle_attn_args) */
+    const size_t esz = ld16 ? 2 : 4;
     /* llama.cpp takes the tinyBLAS path for two or more query rows when the shapes allow it */
     const int tb_kq = a->n >= 2 && d % 8 == 0;
     const int tb_kqv = a->n >= 2 && d % 4 == 0;
@@ -404,8 +405,8 @@ static void attn_row(const lle_attn_args *a, int64_t i, int64_t h, float *scratc
     float max = -INFINITY;
     int64_t jlo = t, jhi = -1;
     if (blocked) {
-        max = f16 ? scores_blocked(a, g, qp, qc, tb_kq, 1, w, &jlo, &jhi)
-                  : scores_blocked(a, g, qp, qf, tb_kq, 0, w, &jlo, &jhi);
+        max = ld16 ? scores_blocked(a, g, qp, qc, tb_kq, 1, w, &jlo, &jhi)
+                   : scores_blocked(a, g, qp, f16 ? qc : qf, tb_kq, 0, w, &jlo, &jhi);
     } else {
         for (int64_t j = 0; j < t; j++) {
             const int kp = a->k_pos[j];
@@ -448,7 +449,7 @@ static void attn_row(const lle_attn_args *a, int64_t i, int64_t h, float *scratc
         /* llama.cpp's lanes are j % L: start at a multiple of L, the cells before c0 weigh 0 */
         const int64_t jb = jlo & ~(int64_t)(L - 1);
         for (int64_t j = jb; j < c0; j++) w[j] = 0.0f;
-        if (f16) v_sum_rows(a, g, w, jb, jhi + 1, L, 1, acc, o);
+        if (ld16) v_sum_rows(a, g, w, jb, jhi + 1, L, 1, acc, o);
         else v_sum_rows(a, g, w, jb, jhi + 1, L, 0, acc, o);
         return;
     }
@@ -507,7 +508,13 @@ static void rope_head(const float *src, float *dst, const float *cache, int n_ro
     }
 }
 
-lle_op_kernels lle_ops_avx2 = {swiglu, geglu, softmax_exp, rope_head, attn_row};
+static void f16_to_f32(int64_t n, const lle_half *x, float *y) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))));
+    for (; i < n; i++) y[i] = _cvtsh_ss(x[i]);
+}
+
+lle_op_kernels lle_ops_avx2 = {swiglu, geglu, softmax_exp, rope_head, attn_row, f16_to_f32};
 
 #if defined(__clang__)
 #pragma clang attribute pop

@@ -10,6 +10,10 @@
  * 512-bit register (two activation rows of a prefill tile, in the two 256-bit halves), each half
  * performs exactly the AVX2 kernel's 8-lane operations.
  *
+ * Q4_K and Q6_K weights with a multiple of 16 rows also get a packed copy at load (native/packed.c):
+ * packed_q4_K serves decode and both repacked prefill orders, packed_q6_K the tiled order (8+ rows),
+ * from 16 interleaved rows.
+ *
  * The same source is compiled a second time against SIMDe (LLE_AVX512_SIMDE, see
  * native/simde_avx512.c), into the self-test only, so that a CPU without AVX-512 checks this code
  * bit for bit against the AVX2 kernels (tests/test_native_kernels.py).
@@ -32,6 +36,20 @@ static inline __m512 lle512_cvtepi32_ps(__m512i v) {
     return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_cvtepi32_ps(_mm512_castsi512_si256(v))),
                               _mm256_cvtepi32_ps(_mm512_extracti64x4_epi64(v, 1)), 1);
 }
+static inline __m512 lle512_cvtph_ps(__m256i h) {
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_cvtph_ps(_mm256_castsi256_si128(h))),
+                              _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), 1);
+}
+static inline __m512i lle512_cvtepu8_epi32(__m128i v) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepu8_epi32(v)), _mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)), 1);
+}
+static inline __m512i lle512_cvtepi8_epi32(__m128i v) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepi8_epi32(v)), _mm256_cvtepi8_epi32(_mm_srli_si128(v, 8)), 1);
+}
+static inline __m512i lle512_cvtepu8_epi16(__m256i v) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(v))),
+                              _mm256_cvtepu8_epi16(_mm256_extracti128_si256(v, 1)), 1);
+}
 #else
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2"))), apply_to = function)
@@ -42,6 +60,10 @@ static inline __m512 lle512_cvtepi32_ps(__m512i v) {
 #define LLE_AVX512_TABLE lle_kernels_avx512
 #define LLE_AVX512_REGISTER lle_register_avx512
 #define lle512_cvtepi32_ps _mm512_cvtepi32_ps
+#define lle512_cvtph_ps _mm512_cvtph_ps
+#define lle512_cvtepu8_epi32 _mm512_cvtepu8_epi32
+#define lle512_cvtepu8_epi16 _mm512_cvtepu8_epi16
+#define lle512_cvtepi8_epi32 _mm512_cvtepi8_epi32
 typedef __mmask64 lle_mask64;
 typedef __mmask32 lle_mask32;
 #endif
@@ -417,6 +439,102 @@ static void vec_dot_q4_K_r8(int n, float *LLE_RESTRICT s, const void *LLE_RESTRI
     *s = acc - accm;
 }
 
+/* ---------------------------------------------------------------- Q4_K, packed 16 rows (native/packed.c) */
+/* Both orders of llama.cpp's repacked Q4_K (korder_avx2.inc: vec_dot_q4_K_r8 for gemm = 0 and
+ * vec_dot_q4_K_r8_gemm / tile_q4_K_r8g for gemm = 1) over a group of 16 weight rows, lane l = row l:
+ * the sub-block dot products come from vpdpbusd of 4 weight bytes of every row against 4
+ * activation bytes broadcast, so no horizontal sum is needed. The integers (per quarter: s1 =
+ * sc[2j] * D[2j] + sc[2j+1] * D[2j+1], s2 = mins . bsum pairs; per block their totals) are those of
+ * the unpacked kernels, and every lane performs that kernel's float operations in its order. */
+
+LLE_INLINE int32_t load_i32(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+LLE_INLINE void packed_q4_K_nr(const int NR, int k, const uint8_t *pw, int ng, const uint8_t *a, size_t as,
+                               int gemm, float *out, size_t ldo) {
+    const int nb = k / QK_K;
+    const __m512i m4 = _mm512_set1_epi8(0xF);
+    for (int g = 0; g < ng; g++) {
+        const uint8_t *gw = pw + (size_t)g * nb * LLE_PK_Q4K_BLOCK;
+        __m512 acc[4], accm[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) acc[r] = accm[r] = _mm512_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *blk = gw + (size_t)b * LLE_PK_Q4K_BLOCK;
+            const __m512 dw = lle512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + LLE_PK_Q4K_D)));
+            const __m512 mw = lle512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + LLE_PK_Q4K_DMIN)));
+            const block_q8_K *y[4];
+            __m512 dd[4], dm[4];
+            __m512i t1[4], t2[4];
+#pragma GCC unroll 4
+            for (int r = 0; r < NR; r++) {
+                y[r] = (const block_q8_K *)(a + (size_t)r * as) + b;
+                const __m512 dy = _mm512_set1_ps(y[r]->d);
+                dd[r] = _mm512_mul_ps(dw, dy);
+                dm[r] = _mm512_mul_ps(mw, dy);
+                t1[r] = t2[r] = _mm512_setzero_si512();
+            }
+            for (int j = 0; j < 4; j++) {
+                __m512i d0[4], d1[4];
+#pragma GCC unroll 4
+                for (int r = 0; r < NR; r++) d0[r] = d1[r] = _mm512_setzero_si512();
+                const uint8_t *q = blk + LLE_PK_Q4K_QS + 512 * j;
+#pragma GCC unroll 8
+                for (int i = 0; i < 8; i++) {
+                    const __m512i p = _mm512_loadu_si512((const void *)(q + 64 * i));
+                    const __m512i w0 = _mm512_and_si512(p, m4);
+                    const __m512i w1 = _mm512_and_si512(_mm512_srli_epi16(p, 4), m4);
+#pragma GCC unroll 4
+                    for (int r = 0; r < NR; r++) {
+                        const int8_t *q8 = y[r]->qs + 64 * j + 4 * i;
+                        d0[r] = _mm512_dpbusd_epi32(d0[r], w0, _mm512_set1_epi32(load_i32(q8)));
+                        d1[r] = _mm512_dpbusd_epi32(d1[r], w1, _mm512_set1_epi32(load_i32(q8 + 32)));
+                    }
+                }
+                const __m512i sc0 = lle512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + LLE_PK_Q4K_SC + 32 * j)));
+                const __m512i sc1 = lle512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + LLE_PK_Q4K_SC + 32 * j + 16)));
+                const __m512i mn = lle512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(blk + LLE_PK_Q4K_MN + 32 * j)));
+#pragma GCC unroll 4
+                for (int r = 0; r < NR; r++) {
+                    const int16_t *bs = y[r]->bsums + 4 * j;
+                    const uint32_t pair = (uint16_t)(bs[0] + bs[1]) | ((uint32_t)(uint16_t)(bs[2] + bs[3]) << 16);
+                    const __m512i s1 = _mm512_add_epi32(_mm512_mullo_epi32(d0[r], sc0), _mm512_mullo_epi32(d1[r], sc1));
+                    const __m512i s2 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), mn, _mm512_set1_epi32((int)pair));
+                    if (gemm) {
+                        acc[r] = _mm512_fmadd_ps(lle512_cvtepi32_ps(s1), dd[r], acc[r]);
+                        accm[r] = _mm512_fmadd_ps(lle512_cvtepi32_ps(s2), dm[r], accm[r]);
+                    } else {
+                        t1[r] = _mm512_add_epi32(t1[r], s1);
+                        t2[r] = _mm512_add_epi32(t2[r], s2);
+                    }
+                }
+            }
+            if (!gemm) {
+#pragma GCC unroll 4
+                for (int r = 0; r < NR; r++) {
+                    acc[r] = _mm512_fmadd_ps(lle512_cvtepi32_ps(t1[r]), dd[r], acc[r]);
+                    accm[r] = _mm512_fmadd_ps(lle512_cvtepi32_ps(t2[r]), dm[r], accm[r]);
+                }
+            }
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) _mm512_storeu_ps(out + (size_t)r * ldo + LLE_PACK_ROWS * g, _mm512_sub_ps(acc[r], accm[r]));
+    }
+}
+
+static void packed_q4_K(int k, const void *pw, int ng, const void *a, size_t as, int nr, int gemm, float *out,
+                        size_t ldo) {
+    switch (nr) {
+    case 1: packed_q4_K_nr(1, k, pw, ng, a, as, gemm, out, ldo); break;
+    case 2: packed_q4_K_nr(2, k, pw, ng, a, as, gemm, out, ldo); break;
+    case 3: packed_q4_K_nr(3, k, pw, ng, a, as, gemm, out, ldo); break;
+    default: packed_q4_K_nr(4, k, pw, ng, a, as, gemm, out, ldo); break;
+    }
+}
+
 /* ---------------------------------------------------------------- Q6_K */
 /* Per 128 values j of a block: A = [q4_0 | q4_1] and B = [q4_2 | q4_3] in AVX2's names (6-bit
  * quants against activation bytes 128j..+63 and +64..+127), then maddubs and vpdpwssd with each
@@ -482,6 +600,68 @@ static void vec_dot_q6_K(int n, float *LLE_RESTRICT s, const void *LLE_RESTRICT 
     *s = hsum_float_8(acc);
 }
 
+/* Q6_K, packed 16 rows (native/packed.c), the tiled order only (tile_q6_K_tiled: per block
+ * buf = fma(d * s1, dy, buf)): s1 = sum over sub-blocks of scale * (q . a) - 32 * scale * bsum, the
+ * exact integer of ints_q6_K, from vpdpbusd of the unsigned quants with 4 activation bytes broadcast
+ * (lane l = row l). `gemm` is unused (one order). */
+LLE_INLINE void packed_q6_K_nr(const int NR, int k, const uint8_t *pw, int ng, const uint8_t *a, size_t as,
+                               float *out, size_t ldo) {
+    const int nb = k / QK_K;
+    for (int g = 0; g < ng; g++) {
+        const uint8_t *gw = pw + (size_t)g * nb * LLE_PK_Q6K_BLOCK;
+        __m512 buf[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) buf[r] = _mm512_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *blk = gw + (size_t)b * LLE_PK_Q6K_BLOCK;
+            const __m512 dw = lle512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + LLE_PK_Q6K_D)));
+            const block_q8_K *y[4];
+            __m512i s1[4], off[4];
+#pragma GCC unroll 4
+            for (int r = 0; r < NR; r++) {
+                y[r] = (const block_q8_K *)(a + (size_t)r * as) + b;
+                s1[r] = off[r] = _mm512_setzero_si512();
+            }
+            for (int s = 0; s < 16; s++) {
+                const __m512i sc = lle512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + LLE_PK_Q6K_SC + 16 * s)));
+                __m512i dsum[4];
+#pragma GCC unroll 4
+                for (int r = 0; r < NR; r++) dsum[r] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; i++) {
+                    const __m512i q = _mm512_loadu_si512((const void *)(blk + LLE_PK_Q6K_Q + 64 * (4 * s + i)));
+#pragma GCC unroll 4
+                    for (int r = 0; r < NR; r++)
+                        dsum[r] = _mm512_dpbusd_epi32(dsum[r], q, _mm512_set1_epi32(load_i32(y[r]->qs + 16 * s + 4 * i)));
+                }
+#pragma GCC unroll 4
+                for (int r = 0; r < NR; r++) {
+                    s1[r] = _mm512_add_epi32(s1[r], _mm512_mullo_epi32(dsum[r], sc));
+                    off[r] = _mm512_add_epi32(off[r], _mm512_mullo_epi32(sc, _mm512_set1_epi32(y[r]->bsums[s])));
+                }
+            }
+#pragma GCC unroll 4
+            for (int r = 0; r < NR; r++) {
+                const __m512i t = _mm512_sub_epi32(s1[r], _mm512_slli_epi32(off[r], 5));
+                buf[r] = _mm512_fmadd_ps(_mm512_mul_ps(dw, lle512_cvtepi32_ps(t)), _mm512_set1_ps(y[r]->d), buf[r]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) _mm512_storeu_ps(out + (size_t)r * ldo + LLE_PACK_ROWS * g, buf[r]);
+    }
+}
+
+static void packed_q6_K(int k, const void *pw, int ng, const void *a, size_t as, int nr, int gemm, float *out,
+                        size_t ldo) {
+    (void)gemm;
+    switch (nr) {
+    case 1: packed_q6_K_nr(1, k, pw, ng, a, as, out, ldo); break;
+    case 2: packed_q6_K_nr(2, k, pw, ng, a, as, out, ldo); break;
+    case 3: packed_q6_K_nr(3, k, pw, ng, a, as, out, ldo); break;
+    default: packed_q6_K_nr(4, k, pw, ng, a, as, out, ldo); break;
+    }
+}
+
 /* the four lane totals of four 16-lane int32 vectors: [sum v0, sum v1, sum v2, sum v3] */
 LLE_INLINE __m128i hsum4x16(__m512i v0, __m512i v1, __m512i v2, __m512i v3) {
     const __m512i s01 = _mm512_add_epi32(_mm512_unpacklo_epi32(v0, v1), _mm512_unpackhi_epi32(v0, v1));
@@ -532,8 +712,8 @@ void LLE_AVX512_REGISTER(void) {
     k = from_avx2(T_Q5_0); k.vec_dot = vec_dot_q5_0; k.gemv = gemv_q5_0; k.tile = tile_q5_0; k.tile_rows = 8; t[T_Q5_0] = k;
     k = from_avx2(T_Q8_0); k.vec_dot = vec_dot_q8_0; k.gemv = gemv_q8_0; k.tile = tile_q8_0; k.tile_rows = 8; t[T_Q8_0] = k;
     k = from_avx2(T_Q4_1); k.vec_dot = vec_dot_q4_1; k.gemv = gemv_q4_1; k.tile = tile_q4_1; k.tile_rows = 8; t[T_Q4_1] = k;
-    k = from_avx2(T_Q4_K); k.vec_dot_r8 = vec_dot_q4_K_r8; t[T_Q4_K] = k;
-    k = from_avx2(T_Q6_K); k.vec_dot = vec_dot_q6_K; k.tile_tiled = tile_q6_K_tiled; t[T_Q6_K] = k;
+    k = from_avx2(T_Q4_K); k.vec_dot_r8 = vec_dot_q4_K_r8; k.packed = packed_q4_K; t[T_Q4_K] = k;
+    k = from_avx2(T_Q6_K); k.vec_dot = vec_dot_q6_K; k.tile_tiled = tile_q6_K_tiled; k.packed = packed_q6_K; t[T_Q6_K] = k;
     k = from_avx2(T_Q5_1); k.vec_dot = vec_dot_q5_1; k.gemv = gemv_q5_1; k.tile = tile_q5_1; k.tile_rows = 8; t[T_Q5_1] = k;
 }
 

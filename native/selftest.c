@@ -167,6 +167,50 @@ static void test_bitexact(int isa, int ref_isa) {
     free(x); free(oa); free(ob); free(w); free(qa); free(qb);
 }
 
+/* packed weights (native/packed.c): a packed copy must give the products of the unpacked weight on
+ * the reference ISA bit for bit, on the decode and prefill paths (both orders of the repacked Q4_K,
+ * 4-row groups and the n % 4 rows after them); a weight whose bytes changed after packing must not
+ * use the stale copy */
+static void test_packed(int isa, int ref_isa) {
+    static const int ms[] = {16, 48}, ks[] = {512, 2304}, ns[] = {1, 3, 4, 5, 8, 13};
+    static const int pts[] = {T_Q4_K, T_Q6_K};
+    const int kmax = 2304, mmax = 48, nmax = 13;
+    float *x = malloc(sizeof(float) * nmax * kmax), *oa = malloc(sizeof(float) * nmax * mmax);
+    float *ob = malloc(sizeof(float) * nmax * mmax);
+    uint8_t *w = malloc(1 << 20);
+    for (int i = 0; i < nmax * kmax; i++) x[i] = rndf() * 3.0f;
+    int packed = 0;
+    for (int ti = 0; ti < 2; ti++)
+    for (int mi = 0; mi < 2; mi++)
+        for (int ki = 0; ki < 2; ki++) {
+            const int m = ms[mi], k = ks[ki], t = pts[ti];
+            const long long rs = lle_row_size(t, k);
+            random_weights(t, m, k, w);
+            lle_set_isa(isa);
+            const int r = lle_pack_weight(t, w, rs, m, k);
+            CHECK(r == 0 || r == 1, "lle_pack_weight returned %d", r);
+            packed += r == 1;
+            for (int ni = 0; ni < 6; ni++) {
+                const int n = ns[ni];
+                for (int stale = 0; stale < 2; stale++) {
+                    if (stale) w[0] ^= 0x5a;  /* the copy no longer matches the weight */
+                    lle_set_isa(ref_isa);
+                    lle_matmul(t, w, rs, m, k, x, n, oa, m);
+                    lle_set_isa(isa);
+                    lle_matmul(t, w, rs, m, k, x, n, ob, m);
+                    if (stale) w[0] ^= 0x5a;
+                    for (int i = 0; i < n * m; i++)
+                        CHECK(memcmp(oa + i, ob + i, sizeof(float)) == 0, "packed %s m=%d k=%d n=%d%s [%d]: %.9g vs %.9g",
+                              lle_type_traits[t].name, m, k, n, stale ? " (changed bytes)" : "", i, ob[i], oa[i]);
+                }
+            }
+            if (r == 1) lle_unpack_weight(w);
+        }
+    CHECK(lle_packed_count() == 0, "%d packed copies left", lle_packed_count());
+    printf("  packed Q4_K, Q6_K: %d of 8 shapes packed\n", packed);
+    free(x); free(oa); free(ob); free(w);
+}
+
 static void compare(const char *what, const float *a, const float *b, int n, float tol) {
     float mag = 0, err = 0;
     for (int i = 0; i < n; i++) {
@@ -177,18 +221,19 @@ static void compare(const char *what, const float *a, const float *b, int n, flo
 }
 
 static void test_ops(int isa) {
-    enum { N = 3, H = 4, D = 64, T = 19, KV = 2 };
+    enum { N = 5, H = 4, D = 64, T = 19, KV = 2 };
     float x[N * H * D], w[D], a[N * H * D], b[N * H * D], g[N * H * D];
     lle_half k[T * KV * D], v[T * KV * D];
-    int pos[N] = {3, 11, 18}, kpos[T];
+    int pos[N] = {3, 11, 18, 7, 15}, kpos[T];
     for (int i = 0; i < N * H * D; i++) { x[i] = rndf() * 4; g[i] = rndf(); }
     for (int i = 0; i < D; i++) w[i] = rndf();
     for (int i = 0; i < T * KV * D; i++) { k[i] = lle_fp32_to_fp16(rndf()); v[i] = lle_fp32_to_fp16(rndf()); }
     for (int i = 0; i < T; i++) kpos[i] = i;
     const int isas[2] = {ISA_SCALAR, isa};
     float *res[2] = {a, b};
-    const char *names[] = {"rms_norm", "rope", "softmax", "glu silu", "glu gelu", "attention"};
-    for (int op = 0; op < 6; op++) {
+    /* attention of 5 query rows reads f32 copies of the f16 cache (lle_attn_args.kv_wide), of 3 the cache */
+    const char *names[] = {"rms_norm", "rope", "softmax", "glu silu", "glu gelu", "attention", "attention 3 rows"};
+    for (int op = 0; op < 7; op++) {
         for (int s = 0; s < 2; s++) {
             lle_set_isa(isas[s]);
             switch (op) {
@@ -198,9 +243,10 @@ static void test_ops(int isa) {
             case 3: lle_glu(x, g, N * H * D, 0, res[s]); break;
             case 4: lle_glu(x, g, N * H * D, 1, res[s]); break;
             case 5: lle_attention(x, N, H, D, k, v, 1, T, KV, KV * D, D, KV * D, D, pos, kpos, 0.125f, 0, 0.0f, res[s]); break;
+            case 6: lle_attention(x, 3, H, D, k, v, 1, T, KV, KV * D, D, KV * D, D, pos, kpos, 0.125f, 0, 0.0f, res[s]); break;
             }
         }
-        compare(names[op], a, b, N * H * D, op == 5 ? 2e-3f : 1e-5f);
+        compare(names[op], a, b, op == 6 ? 3 * H * D : N * H * D, op >= 5 ? 2e-3f : 1e-5f);
     }
 }
 
@@ -234,6 +280,7 @@ int main(void) {
     if (lle_isa_available(ISA_AVX512) && lle_isa_available(ISA_AVX2)) {
         printf("testing avx512 against avx2, bit for bit\n");
         test_bitexact(ISA_AVX512, ISA_AVX2);
+        test_packed(ISA_AVX512, ISA_AVX2);
     }
     for (int isa = 1; isa < ISA_COUNT; isa++) {
         if (!lle_isa_available(isa)) continue;

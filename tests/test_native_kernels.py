@@ -312,6 +312,40 @@ def test_batched_rows_equal_single_rows_bitwise(be: NativeBackend, isa: str, t: 
         NativeBackend(2)
 
 
+@pytest.mark.parametrize("t", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_packed_weights_give_the_unpacked_products_bitwise(be: NativeBackend, t: T) -> None:
+    """On the AVX-512 tier a Q4_K or Q6_K weight with a multiple of 16 rows gets a packed copy at
+    prepare (16 rows interleaved, native/packed.c); its products equal the unpacked ones of the AVX2
+    tier bit for bit (Q4_K: decode and both repacked prefill orders, 4-row groups then the n % 4
+    rows; Q6_K: the tiled order of 8+ rows), and the copy is freed with the weight. Elsewhere
+    nothing is packed."""
+    import gc
+
+    from llmedge._native import lib
+
+    rng = np.random.default_rng(17)
+    m, k = 96, 1024
+    raw = random_weight(t, m, k, rng)
+    xs = [rng.standard_normal((n, k)).astype(np.float32) for n in (1, 3, 4, 7, 8, 69)]
+    before = lib.lle_packed_count()
+    w = be.prepare(make_tensor(raw, t, m, k))
+    assert w.packed == ("avx512" in available_isas())
+    if not w.packed:
+        return
+    assert lib.lle_packed_count() == before + 1
+    try:
+        packed = [be.matmul(x, w) for x in xs]
+        be.set_isa("avx2")
+        unpacked = [be.matmul(x, w) for x in xs]
+    finally:
+        be.set_isa(available_isas()[-1])
+    for x, p, u in zip(xs, packed, unpacked):
+        assert np.array_equal(p.view(np.uint32), u.view(np.uint32)), f"{x.shape[0]} rows"
+    del w
+    gc.collect()
+    assert lib.lle_packed_count() == before
+
+
 def test_thread_pool_survives_fork(be: NativeBackend) -> None:
     """A forked child (multiprocessing, servers) gets a working pool; the parent keeps its own."""
     if not hasattr(os, "fork"):

@@ -7,6 +7,8 @@ and attention reproduce llama.cpp's CPU results bit for bit: same activation rou
 summation order in each of llama.cpp's code paths (ggml's vec_dot, llamafile's tinyBLAS, the tiled
 K-quant GEMM for 8+ rows, the repacked Q4_K GEMV/GEMM) and the same fused multiply-adds; see
 tests/test_native_kernels.py. Not yet reproduced: llama.cpp's repacked Q4_0 and IQ4_NL kernels.
+Where the selected tier has packed kernels for a type (AVX-512: Q4_K and Q6_K, 16 rows interleaved), each
+weight gets a packed copy in C at load (``NativeWeight._pack``), with the same results.
 
 The C library holds one process-wide thread pool and one kernel table chosen from CPUID
 (``LLMEDGE_ISA=scalar|avx2|avx512|neon`` forces a tier and hides the ones above it); every ``NativeBackend`` shares them,
@@ -16,6 +18,7 @@ callers can avoid per-token allocations.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, ClassVar
 
 import numpy as np
@@ -64,7 +67,8 @@ class NativeWeight:
     Types without a native kernel keep a float32 copy and are multiplied with NumPy instead.
     """
 
-    __slots__ = ("name", "ggml_type", "m", "k", "row_bytes", "data", "ptr", "shape", "fallback")
+    __slots__ = ("name", "ggml_type", "m", "k", "row_bytes", "data", "ptr", "shape", "fallback", "packed",
+                 "__weakref__")
 
     def __init__(self, tensor: TensorInfo) -> None:
         self.name = tensor.name
@@ -84,6 +88,20 @@ class NativeWeight:
             self.ptr = None
         else:
             self.ptr = ffi.from_buffer(_BYTES, self.data)
+        self.packed = False
+        if self.ptr is not None and self.m > 0:
+            self._pack()
+
+    def _pack(self) -> None:
+        """A packed copy in C for the selected kernel tier where it has packed kernels (AVX-512:
+        Q4_K, Q6_K), found by address at every product and freed with this object; results unchanged."""
+        rc = lib.lle_pack_weight(self.ggml_type, self.ptr, self.row_bytes, self.m, self.k)
+        if rc < 0:
+            raise LlmedgeError(f"native: packing {self.name} failed (code {rc})")
+        if rc == 1:
+            self.packed = True
+            # the finalizer keeps the mapped bytes alive until the copy is gone
+            weakref.finalize(self, lib.lle_unpack_weight, self.ptr)
 
     def __repr__(self) -> str:
         return f"NativeWeight({self.name!r}, type={self.ggml_type}, shape={self.shape})"

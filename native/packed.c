@@ -1,0 +1,157 @@
+/* Packed weights: copies of a weight's rows in an interleaved layout that a tier's kernels read
+ * faster (16 rows side by side, so that one 512-bit register holds a few values of 16 rows and a
+ * product needs no horizontal sums), and the registry that finds the copy of a weight by its
+ * address. The layouts are defined in common.h; the kernels that read them live in the per-ISA
+ * files (quants_avx512.c: Q4_K) and compute exactly the values of the unpacked kernels of their
+ * slot (the same integers per block or quarter block, the same float operations in the same
+ * order), so packing changes speed only.
+ *
+ * The registry is keyed by (type, address, rows, columns, row stride); it also keeps the first bytes
+ * of the weight and compares them on every lookup, so that a copy outliving its weight (its owner
+ * forgot lle_unpack_weight and the memory was reused) is not applied to other data. Calls happen
+ * under the library lock (api.c).
+ */
+#include "common.h"
+
+#include <stdlib.h>
+
+/* ---------------------------------------------------------------- layouts */
+
+/* the 6-bit scale and min of sub-block j of a Q4_K block (ggml's get_scale_min_k4) */
+static void q4k_scale_min(int j, const uint8_t *q, uint8_t *d, uint8_t *m) {
+    if (j < 4) {
+        *d = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *d = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        *m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+static void pack_q4_K(const void *w, size_t ws, int64_t m, int64_t k, void *dst) {
+    const int64_t nb = k / QK_K;
+    uint8_t *o = dst;
+    for (int64_t g = 0; g < m / LLE_PACK_ROWS; g++)
+        for (int64_t b = 0; b < nb; b++, o += LLE_PK_Q4K_BLOCK)
+            for (int l = 0; l < LLE_PACK_ROWS; l++) {
+                const block_q4_K *x = (const block_q4_K *)((const uint8_t *)w + (size_t)(g * LLE_PACK_ROWS + l) * ws) + b;
+                memcpy(o + LLE_PK_Q4K_D + 2 * l, &x->d, 2);
+                memcpy(o + LLE_PK_Q4K_DMIN + 2 * l, &x->dmin, 2);
+                for (int s = 0; s < 8; s++) {
+                    uint8_t sc, mn;
+                    q4k_scale_min(s, x->scales, &sc, &mn);
+                    o[LLE_PK_Q4K_SC + 16 * s + l] = sc;
+                    o[LLE_PK_Q4K_MN + 32 * (s / 2) + 2 * l + s % 2] = mn;
+                }
+                for (int j = 0; j < 4; j++)
+                    for (int i = 0; i < 8; i++)
+                        memcpy(o + LLE_PK_Q4K_QS + 64 * (8 * j + i) + 4 * l, x->qs + 32 * j + 4 * i, 4);
+            }
+}
+
+/* the 6-bit quant v (0..255) of a Q6_K block, unsigned (ggml's dequantize_row_q6_K before the -32) */
+static uint8_t q6k_quant(const block_q6_K *x, int v) {
+    const int n = v / 128, r = v % 128, quarter = r / 32, l = r % 32;
+    const uint8_t *ql = x->ql + 64 * n, *qh = x->qh + 32 * n;
+    const uint8_t lo = quarter == 0 ? ql[l] & 0xF : quarter == 1 ? ql[l + 32] & 0xF : quarter == 2 ? ql[l] >> 4 : ql[l + 32] >> 4;
+    return (uint8_t)(lo | (((qh[l] >> (2 * quarter)) & 3) << 4));
+}
+
+static void pack_q6_K(const void *w, size_t ws, int64_t m, int64_t k, void *dst) {
+    const int64_t nb = k / QK_K;
+    uint8_t *o = dst;
+    for (int64_t g = 0; g < m / LLE_PACK_ROWS; g++)
+        for (int64_t b = 0; b < nb; b++, o += LLE_PK_Q6K_BLOCK)
+            for (int l = 0; l < LLE_PACK_ROWS; l++) {
+                const block_q6_K *x = (const block_q6_K *)((const uint8_t *)w + (size_t)(g * LLE_PACK_ROWS + l) * ws) + b;
+                memcpy(o + LLE_PK_Q6K_D + 2 * l, &x->d, 2);
+                for (int s = 0; s < 16; s++) o[LLE_PK_Q6K_SC + 16 * s + l] = (uint8_t)x->scales[s];
+                for (int v = 0; v < QK_K; v++) o[LLE_PK_Q6K_Q + 64 * (v / 4) + 4 * l + v % 4] = q6k_quant(x, v);
+            }
+}
+
+int64_t lle_packed_group_bytes(int type, int64_t k) {
+    if (k <= 0 || k % QK_K) return -1;
+    if (type == T_Q4_K) return k / QK_K * LLE_PK_Q4K_BLOCK;
+    if (type == T_Q6_K) return k / QK_K * LLE_PK_Q6K_BLOCK;
+    return -1;
+}
+
+void lle_pack_rows(int type, const void *w, size_t ws, int64_t m, int64_t k, void *dst) {
+    if (type == T_Q4_K) pack_q4_K(w, ws, m, k, dst);
+    if (type == T_Q6_K) pack_q6_K(w, ws, m, k, dst);
+}
+
+/* ---------------------------------------------------------------- registry */
+
+#define FINGERPRINT 32
+
+typedef struct {
+    const void *w; int type; int64_t m, k; size_t ws;
+    void *packed; int refs;
+    uint8_t head[FINGERPRINT];
+} pack_entry;
+
+static pack_entry *g_packs;
+static int g_n_packs, g_cap_packs;
+
+static pack_entry *find_entry(int type, const void *w, size_t ws, int64_t m, int64_t k) {
+    for (int i = 0; i < g_n_packs; i++) {
+        pack_entry *e = &g_packs[i];
+        if (e->w == w && e->type == type && e->m == m && e->k == k && e->ws == ws) return e;
+    }
+    return NULL;
+}
+
+const void *lle_packed_find(int type, const void *w, size_t ws, int64_t m, int64_t k) {
+    if (!g_n_packs) return NULL;
+    const pack_entry *e = find_entry(type, w, ws, m, k);
+    if (!e || memcmp(e->head, w, FINGERPRINT) != 0) return NULL;
+    return e->packed;
+}
+
+/* 1: packed (or already), -2: out of memory */
+int lle_packed_add(int type, const void *w, size_t ws, int64_t m, int64_t k) {
+    pack_entry *e = find_entry(type, w, ws, m, k);
+    if (e && memcmp(e->head, w, FINGERPRINT) == 0) {
+        e->refs++;
+        return 1;
+    }
+    const size_t bytes = (size_t)(m / LLE_PACK_ROWS) * (size_t)lle_packed_group_bytes(type, k);
+    void *p = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    if (!p) return -2;
+    lle_pack_rows(type, w, ws, m, k, p);
+    if (e) {  /* stale: the weight it was made from is gone */
+        free(e->packed);
+    } else {
+        if (g_n_packs == g_cap_packs) {
+            const int cap = g_cap_packs ? 2 * g_cap_packs : 64;
+            pack_entry *n = realloc(g_packs, (size_t)cap * sizeof(pack_entry));
+            if (!n) {
+                free(p);
+                return -2;
+            }
+            g_packs = n;
+            g_cap_packs = cap;
+        }
+        e = &g_packs[g_n_packs++];
+    }
+    e->w = w; e->type = type; e->m = m; e->k = k; e->ws = ws;
+    e->packed = p;
+    e->refs = 1;
+    memcpy(e->head, w, FINGERPRINT);
+    return 1;
+}
+
+void lle_packed_remove(const void *w) {
+    for (int i = 0; i < g_n_packs; i++) {
+        pack_entry *e = &g_packs[i];
+        if (e->w != w) continue;
+        if (--e->refs > 0) return;
+        free(e->packed);
+        *e = g_packs[--g_n_packs];
+        return;
+    }
+}
+
+int lle_packed_entries(void) { return g_n_packs; }
