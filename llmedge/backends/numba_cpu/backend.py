@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numba
 import numpy as np
@@ -306,6 +306,13 @@ class NumbaBackend:
     def scale(self, x: np.ndarray, s: float, out: np.ndarray | None = None) -> np.ndarray:
         x = _f32c(x)
         return np.multiply(x, F32(s), out=_out(out, x.shape))
+
+    def decoder_layers(self, model: Any, x: np.ndarray, step: Any) -> bool:
+        """Every layer of ``model`` over the rows ``x`` of ``step`` in place, in one compiled call
+        (:mod:`llmedge.backends.numba_cpu.fused`); False when the op-by-op path must run instead."""
+        from llmedge.backends.numba_cpu.fused import decoder_layers
+
+        return decoder_layers(self, model, x, step)
 
     def softcap(self, x: np.ndarray, cap: float, out: np.ndarray | None = None) -> np.ndarray:
         """``tanh(x / cap) * cap`` (logit soft-capping)."""
