@@ -66,3 +66,56 @@ class Backend(Protocol):
 
     def glu(self, gate: np.ndarray, up: np.ndarray, kind: GluKind) -> np.ndarray:
         """``act(gate) * up`` with act SiLU or GELU (tanh approximation, as ggml)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# argument checks every backend makes the same way (one clear ValueError / IndexError each)
+
+
+def check_matmul(x: np.ndarray, k: int, name: str) -> None:
+    """``x``'s last axis must hold the weight ``name``'s ``k`` columns."""
+    if x.shape[-1] != k:
+        raise ValueError(f"matmul: x has {x.shape[-1]} columns, {name} expects {k}")
+
+
+def check_row_ids(ids: np.ndarray, m: int, name: str) -> None:
+    """Every id in ``ids`` (1-D) must name one of the weight ``name``'s ``m`` rows."""
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= m):
+        raise IndexError(f"get_rows: id out of range for {name} with {m} rows")
+
+
+def check_norm_weight(weight: np.ndarray, d: int) -> None:
+    """An RMS-norm weight must have one value per element of a row of ``d``."""
+    if weight.size != d:
+        raise ValueError(f"rms_norm: weight has {weight.size} values for rows of {d}")
+
+
+def check_rope(pos: np.ndarray, n: int, freq_factors: np.ndarray | None, n_rot: int) -> None:
+    """One position per row; ``freq_factors``, when given, must cover the ``n_rot/2`` pairs."""
+    if pos.size != n:
+        raise ValueError(f"rope: {pos.size} positions for {n} rows")
+    if freq_factors is not None and freq_factors.size < n_rot // 2:
+        raise ValueError("rope: freq_factors needs n_rot/2 values")
+
+
+def check_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.ndarray, k_pos: np.ndarray) -> None:
+    """q [n, n_head, d] against k, v [t, n_kv_head, d], both float16 or both float32, ``n_head`` a
+    multiple of ``n_kv_head``, one position per query row and per cell."""
+    n, n_head, d = q.shape
+    if k.dtype != v.dtype or k.dtype not in (np.dtype(np.float16), F32):
+        raise ValueError("attention: k and v must both be float16 or both float32")
+    t, n_kv, dk = k.shape
+    if v.shape != k.shape or dk != d:
+        raise ValueError(f"attention: k {k.shape} / v {v.shape} do not match q head size {d}")
+    if n_kv == 0 or n_head % n_kv:
+        raise ValueError(f"attention: {n_head} query heads are not a multiple of {n_kv} kv heads")
+    if q_pos.size != n or k_pos.size != t:
+        raise ValueError("attention: q_pos / k_pos sizes do not match q / k")
+
+
+def check_same_shape(op: str, a: np.ndarray, b: np.ndarray, names: tuple[str, str] = ("", "")) -> None:
+    """The two operands of an elementwise op must have one shape."""
+    if a.shape != b.shape:
+        if names[0]:
+            raise ValueError(f"{op}: {names[0]} {a.shape} and {names[1]} {b.shape} differ")
+        raise ValueError(f"{op}: shapes {a.shape} and {b.shape} differ")

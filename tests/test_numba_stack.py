@@ -1,0 +1,81 @@
+"""The fused Numba decoder stack (every layer of a step in one compiled call), on both real models.
+
+The fused call runs the op-by-op path's kernels in its order, so it must give exactly its logits:
+for a prefill in chunks, for single-token decode steps, and after Gemma's sliding-window rings wrap.
+Models, caches and steps it does not encode must fall back to op by op, never run wrongly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from llmedge.api import Model
+from llmedge.backends.numba_cpu import fused
+from llmedge.backends.numba_cpu.fused import StackPlan
+
+TEXTS = Path(__file__).parent / "fixtures" / "texts"
+
+
+def _ids(m: Model, n: int) -> list[int]:
+    text = (TEXTS / "gpl3_30k.txt").read_text(encoding="utf-8")
+    ids = m.tokenize(text[: 8 * n], add_bos=True)[:n]
+    assert len(ids) == n
+    return ids
+
+
+def _paired(m: Model, ids: list[int], follow: list[int]) -> tuple[int, Any]:
+    """Each prompt chunk and single-token step through the fused path and the op-by-op path, each
+    on its own cache, compared exactly; the rows compared and the fused path's cache."""
+    net, eng = m.model, m.engine
+    caches = {True: eng.new_cache(), False: eng.new_cache()}
+    pieces = [ids[i : i + eng.n_batch] for i in range(0, len(ids), eng.n_batch)] + [[t] for t in follow]
+    rows = 0
+    try:
+        for piece in pieces:
+            out = {}
+            for fused in (True, False):
+                net._numba_stack = None if fused else False  # False: the backend declines: op by op
+                out[fused] = eng.forward(caches[fused], piece, all_logits=len(piece) > 1)
+                assert bool(net._numba_stack) == fused, "the fused path was not taken as intended"
+            np.testing.assert_array_equal(out[True], out[False])
+            rows += len(out[True])
+    finally:
+        net._numba_stack = None
+    return rows, caches[True]
+
+
+@pytest.mark.parametrize(("name", "n_prompt", "n_ctx"), [("smollm2", 40, 128), ("gemma3", 100, 640)])
+def test_numba_fused_stack_equals_op_by_op(name: str, n_prompt: int, n_ctx: int,
+                                           model_paths: dict[str, Path]) -> None:
+    m = Model(model_paths[name], backend="numba", n_ctx=n_ctx, n_batch=32)
+    rows, cache = _paired(m, _ids(m, n_prompt), [17, 300, 9])
+    assert rows == n_prompt + 3
+    if name == "gemma3":  # Gemma 3's local layers keep a ring of window + n_batch cells
+        assert any(layer.ring for layer in cache.layers)
+
+
+def test_numba_fused_stack_declines_what_it_does_not_encode(model_paths: dict[str, Path],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+    real = fused._decoder_layers
+    monkeypatch.setattr(fused, "_decoder_layers", lambda *a: calls.append(1) or real(*a))
+    for kv_type, expected in (("f16", 1), ("f32", 0)):  # an f32 cache is not encoded: op by op
+        m = Model(model_paths["smollm2"], backend="numba", n_ctx=64, n_batch=16, kv_type=kv_type)
+        cache = m.engine.new_cache()
+        calls.clear()
+        m.engine.forward(cache, _ids(m, 5))
+        assert len(calls) == expected, kv_type
+        assert all(layer.used == 5 for layer in cache.layers)
+    net = m.model
+    assert StackPlan.decline_reason(net) is None
+    saved = net.specs
+    try:
+        net.specs = [dataclasses.replace(s, qkv_bias=True) for s in saved]
+        assert "qkv_bias" in (StackPlan.decline_reason(net) or "")
+    finally:
+        net.specs = saved
