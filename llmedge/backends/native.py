@@ -23,7 +23,15 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from llmedge.backends.base import GluKind
+from llmedge.backends.base import (
+    GluKind,
+    check_attention,
+    check_matmul,
+    check_norm_weight,
+    check_rope,
+    check_row_ids,
+    check_same_shape,
+)
 from llmedge.backends.base import as_f32c as _f32c
 from llmedge.backends.base import out_array as _out
 from llmedge.backends.cpu import physical_cores
@@ -192,8 +200,7 @@ class NativeBackend:
     def matmul(self, x: np.ndarray, w: NativeWeight, out: np.ndarray | None = None) -> np.ndarray:
         """``x`` [..., k] times the transposed weight: float32 [..., m]."""
         k = w.k
-        if x.shape[-1] != k:
-            raise ValueError(f"matmul: x has {x.shape[-1]} columns, {w.name} expects {k}")
+        check_matmul(x, k, w.name)
         if x.dtype != _F32 or not x.flags["C_CONTIGUOUS"]:
             x = np.ascontiguousarray(x, dtype=np.float32)
         shape = x.shape[:-1] + (w.m,)
@@ -221,8 +228,7 @@ class NativeBackend:
             _out(out, res.shape)[...] = res
             return out
         k = w.k
-        if x.shape[-1] != k:
-            raise ValueError(f"matmul: x has {x.shape[-1]} columns, {w.name} expects {k}")
+        check_matmul(x, k, w.name)
         if x.dtype != _F32 or not x.flags["C_CONTIGUOUS"]:
             x = np.ascontiguousarray(x, dtype=np.float32)
         shape = x.shape[:-1] + (w.m,)
@@ -234,8 +240,7 @@ class NativeBackend:
 
     def get_rows(self, w: NativeWeight, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         ids = np.ascontiguousarray(ids, dtype=np.int32).reshape(-1)
-        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= w.m):
-            raise IndexError(f"get_rows: id out of range for {w.name} with {w.m} rows")
+        check_row_ids(ids, w.m, w.name)
         o = _out(out, (ids.size, w.k))
         if w.fallback is not None:
             o[...] = w.fallback[ids]
@@ -255,8 +260,7 @@ class NativeBackend:
         wp = ffi.NULL
         if weight is not None:
             weight = _f32c(weight)
-            if weight.size != d:
-                raise ValueError(f"rms_norm: weight has {weight.size} values for rows of {d}")
+            check_norm_weight(weight, d)
             wp = _fptr(weight)
         _check(lib.lle_rms_norm(_fptr(x), wp, x.size // d if d else 0, d, eps, _fptr(o)), "rms_norm")
         return o
@@ -271,15 +275,11 @@ class NativeBackend:
         x = _f32c(x)
         n, n_head, head_dim = x.shape
         pos = np.ascontiguousarray(positions, dtype=np.int32)
-        if pos.size != n:
-            raise ValueError(f"rope: {pos.size} positions for {n} rows")
-        o = _out(out, x.shape)
-        ff = ffi.NULL
         if freq_factors is not None:
             freq_factors = _f32c(freq_factors)
-            if freq_factors.size < n_rot // 2:
-                raise ValueError("rope: freq_factors needs n_rot/2 values")
-            ff = _fptr(freq_factors)
+        check_rope(pos, n, freq_factors, n_rot)
+        o = _out(out, x.shape)
+        ff = ffi.NULL if freq_factors is None else _fptr(freq_factors)
         if ext_factor != 0.0:
             _check(lib.lle_rope_yarn(_fptr(x), ffi.from_buffer("int[]", pos), n, n_head, head_dim, int(n_rot),
                                      freq_base, freq_scale, 1 if neox else 0, ff, attn_factor, ext_factor,
@@ -308,22 +308,15 @@ class NativeBackend:
         order. Cell j lands in the same SIMD lane as in llama.cpp when the cache keeps cells in
         llama.cpp's order (cell index = array index)."""
         q = _f32c(q)
+        check_attention(q, k, v, q_pos, k_pos)
         n, n_head, d = q.shape
-        if k.dtype != v.dtype or k.dtype not in (_F16, _F32):
-            raise ValueError("attention: k and v must both be float16 or both float32")
-        t, n_kv, dk = k.shape
-        if v.shape != k.shape or dk != d:
-            raise ValueError(f"attention: k {k.shape} / v {v.shape} do not match q head size {d}")
-        if n_kv == 0 or n_head % n_kv:
-            raise ValueError(f"attention: {n_head} query heads are not a multiple of {n_kv} kv heads")
+        t, n_kv, _ = k.shape
         item = k.dtype.itemsize
         for a in (k, v):
             if a.strides[2] != item or a.strides[0] % item or a.strides[1] % item:
                 raise ValueError("attention: the last axis of k and v must be contiguous")
         qp = np.ascontiguousarray(q_pos, dtype=np.int32)
         kp = np.ascontiguousarray(k_pos, dtype=np.int32)
-        if qp.size != n or kp.size != t:
-            raise ValueError("attention: q_pos / k_pos sizes do not match q / k")
         o = _out(out, (n, n_head, d))
         if t == 0:
             o[...] = 0
@@ -339,16 +332,14 @@ class NativeBackend:
 
     def glu(self, gate: np.ndarray, up: np.ndarray, kind: GluKind, out: np.ndarray | None = None) -> np.ndarray:
         gate, up = _f32c(gate), _f32c(up)
-        if gate.shape != up.shape:
-            raise ValueError(f"glu: gate {gate.shape} and up {up.shape} differ")
+        check_same_shape("glu", gate, up, ("gate", "up"))
         o = _out(out, gate.shape)
         _check(lib.lle_glu(_fptr(gate), _fptr(up), gate.size, _GLU_KINDS[kind], _fptr(o)), "glu")
         return o
 
     def add(self, a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         a, b = _f32c(a), _f32c(b)
-        if a.shape != b.shape:
-            raise ValueError(f"add: shapes {a.shape} and {b.shape} differ")
+        check_same_shape("add", a, b)
         o = _out(out, a.shape)
         _check(lib.lle_add(_fptr(a), _fptr(b), a.size, _fptr(o)), "add")
         return o
