@@ -28,8 +28,6 @@ def serve(
     lookup: LookupOpt = None,
 ) -> None:
     """Serve Ollama's API (/api/...) and OpenAI's (/v1/...) on 127.0.0.1:11434."""
-    import os
-
     import uvicorn
 
     from llmedge.errors import LlmedgeError
@@ -47,11 +45,9 @@ def serve(
         raise LlmedgeError(f"--max-queue / LLMEDGE_MAX_QUEUE must not be negative, not {config.max_queue}")
     if not 0 < config.port < 65536:
         raise LlmedgeError(f"invalid port {config.port}")
-    # speculative decoding for every request (the server reads LLMEDGE_LOOKUP, ... per request)
-    for env, value in (("LLMEDGE_DRAFT_MODEL", draft_model), ("LLMEDGE_DRAFT_MAX", draft_max),
-                       ("LLMEDGE_DRAFT_MIN", draft_min), ("LLMEDGE_LOOKUP", lookup)):
-        if value is not None:
-            os.environ[env] = str(value)
+    # speculative decoding for every request: the flags over LLMEDGE_LOOKUP, LLMEDGE_DRAFT_MODEL, ...
+    config.speculation.update({k: v for k, v in (("draft_model", draft_model), ("draft_max", draft_max),
+                                                 ("draft_min", draft_min), ("lookup", lookup)) if v is not None})
     app = create_app(config)
     typer.echo(f"llmedge serving on http://{config.host}:{config.port} (Ctrl+C to stop)", err=True)
     uvicorn.run(app, host=config.host, port=config.port, log_level="warning", timeout_graceful_shutdown=5,

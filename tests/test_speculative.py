@@ -251,3 +251,21 @@ def test_run_lookup_flag_without_a_value_uses_ngrams_of_three_and_reports_drafts
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("The committee met on")
     assert "draft tokens:" in r.stderr and "tokens per forward" in r.stderr
+
+
+def test_server_speculation_is_read_once_into_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``llmedge serve --lookup/--draft-*`` (or LLMEDGE_LOOKUP, ...) become ServerConfig.speculation, which
+    every generation task starts from; a malformed number is one clear error at start-up."""
+    from llmedge.errors import LlmedgeError
+    from llmedge.server.config import config_from_env
+    from llmedge.server.generation import GenerationRequest, GenerationTask
+
+    monkeypatch.setenv("LLMEDGE_LOOKUP", "4")
+    monkeypatch.setenv("LLMEDGE_DRAFT_MODEL", "smollm2:135m")
+    config = config_from_env()
+    assert config.speculation == {"lookup": 4, "draft_model": "smollm2:135m"}
+    req = GenerationRequest(model="m", key="m", path=Path("m.gguf"), kind="generate")
+    assert GenerationTask(req, {}, config.speculation).speculation == config.speculation
+    monkeypatch.setenv("LLMEDGE_DRAFT_MAX", "many")
+    with pytest.raises(LlmedgeError, match="LLMEDGE_DRAFT_MAX must be a whole number"):
+        config_from_env()

@@ -141,7 +141,7 @@ class Server:
         name, key, path = self.model_of(body)
         req = parse(body, name, key, path)
         num_ctx = self.sched.check_ctx(req.num_ctx)
-        task = GenerationTask(req, self.sched.stats)
+        task = GenerationTask(req, self.sched.stats, self.config.speculation)
         job = self.submit(None, key, path, num_ctx, req.keep_alive, task=task)
         return await respond(request, job, req.stream, renderer(task, body))
 

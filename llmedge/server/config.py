@@ -34,6 +34,9 @@ class ServerConfig:
     n_threads: int | None = None
     max_loaded: int = 2
     announce: bool = False  # print a line on stderr once shut down (the serve command)
+    # speculative decoding for every request (lookup, draft_model, draft_max, draft_min); a request's
+    # options override the numbers
+    speculation: dict[str, Any] = field(default_factory=dict)
 
 
 def env_int(name: str, default: int) -> int:
@@ -87,6 +90,7 @@ def config_from_env(**overrides: Any) -> ServerConfig:
             break
     c.api_key = os.environ.get("LLMEDGE_API_KEY") or None
     c.origins = env_origins()
+    c.speculation = env_speculation()
     for k, v in overrides.items():
         if v is not None:
             setattr(c, k, v)
@@ -96,10 +100,9 @@ def config_from_env(**overrides: Any) -> ServerConfig:
 SPECULATIVE_OPTIONS = ("lookup", "draft_max", "draft_min")  # Ollama options (llama.cpp's names), out of sampling
 
 
-def server_speculation() -> dict[str, Any]:
-    """Speculative decoding for every request (``llmedge serve --lookup / --draft-model ...``, passed
-    as LLMEDGE_LOOKUP, LLMEDGE_DRAFT_MODEL, LLMEDGE_DRAFT_MAX, LLMEDGE_DRAFT_MIN); a request's
-    ``options`` override the numbers."""
+def env_speculation() -> dict[str, Any]:
+    """Speculative decoding for every request from LLMEDGE_LOOKUP, LLMEDGE_DRAFT_MODEL,
+    LLMEDGE_DRAFT_MAX and LLMEDGE_DRAFT_MIN (``llmedge serve --lookup / --draft-model ...`` override them)."""
     out: dict[str, Any] = {}
     for key, env in (("lookup", "LLMEDGE_LOOKUP"), ("draft_max", "LLMEDGE_DRAFT_MAX"),
                      ("draft_min", "LLMEDGE_DRAFT_MIN")):

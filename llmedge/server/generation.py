@@ -20,7 +20,7 @@ from llmedge.defaults import generate_messages, request_options, with_defaults
 from llmedge.reasoning import ThinkingSplitter, opens_thinking, supports_thinking, template_variables
 from llmedge.sampling import SamplingOptions
 from llmedge.server import tools as tl
-from llmedge.server.config import SPECULATIVE_OPTIONS, server_speculation
+from llmedge.server.config import SPECULATIVE_OPTIONS
 from llmedge.server.errors import Unsupported
 from llmedge.server.grammar import RequestSampler, compile_schema
 from llmedge.server.scheduler import GenRequest, Job, Loaded, count_tokens, ids_in_range
@@ -105,9 +105,11 @@ class Delta:
 class GenerationTask:
     """A :class:`GenerationRequest` for the engine thread (:class:`~llmedge.server.scheduler.GenTask`)."""
 
-    def __init__(self, req: GenerationRequest, stats: dict[str, int]) -> None:
+    def __init__(self, req: GenerationRequest, stats: dict[str, int],
+                 speculation: dict[str, Any] | None = None) -> None:
         self.req = req
         self.stats = stats
+        self.speculation = speculation or {}  # the server's (ServerConfig.speculation)
         self.starts_thinking = False  # the prompt ends inside an open <think> (set by prepare)
         self.tools_shown = False
 
@@ -176,7 +178,7 @@ class GenerationTask:
             return self._result(job, model, ids, done_reason="unload" if job.keep_alive == 0 else "load")
         sampling, max_tokens, stop, n_keep = request_options(model.defaults, req.sampling, req.max_tokens,
                                                              req.stop, req.num_keep)
-        speculative = {**server_speculation(),
+        speculative = {**self.speculation,
                        **{k: sampling.pop(k) for k in SPECULATIVE_OPTIONS if k in sampling}}
         sampler = RequestSampler(SamplingOptions(**sampling), model.tokenizer, self._grammar(),
                                  req.logprobs, req.top_logprobs)
