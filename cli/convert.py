@@ -26,11 +26,11 @@ def hub_folder(spelled: str, report: Any) -> tuple[Path, str]:
     Files the Hub lists with an LFS sha256 (the weights) are verified against it, as pulls are.
     """
     from llmedge.errors import LlmedgeError
-    from llmedge.hf_source import _fetch_verified, _listing, repo_and_tag
+    from llmedge.hf_source import fetch_verified, repo_and_tag, repo_files
 
     repo, tag = repo_and_tag(spelled)
     revision = tag or "main"
-    files, _ = _listing(repo, revision)
+    files, _ = repo_files(repo, revision)
     wanted = sorted(f for f in files if _WANTED.match(f))
     if not any(f.endswith(".safetensors") for f in wanted):
         raise LlmedgeError(f"hf.co/{repo} has no model*.safetensors file (only safetensors checkpoints convert)")
@@ -38,7 +38,7 @@ def hub_folder(spelled: str, report: Any) -> tuple[Path, str]:
         raise LlmedgeError(f"hf.co/{repo} has no config.json")
     folder = None
     for f in wanted:
-        path = _fetch_verified(repo, f, files.get(f), revision, report)
+        path = fetch_verified(repo, f, files.get(f), revision, report)
         if f == "config.json":
             folder = path.parent
     assert folder is not None

@@ -66,7 +66,7 @@ def choose_file(files: list[str], tag: str | None, repo: str) -> str:
     return sorted(firsts, key=lambda f: (len(f), f))[0]
 
 
-def _listing(repo: str, revision: str) -> tuple[dict[str, str | None], bool]:
+def repo_files(repo: str, revision: str) -> tuple[dict[str, str | None], bool]:
     """{path: sha256 or None} of the repo's files, and whether they come from the offline cache."""
     from huggingface_hub import HfApi, snapshot_download
     from huggingface_hub import constants as hf_constants
@@ -162,10 +162,10 @@ def pull_hf(store: Any, spelled: str, name: ModelName, report: Progress) -> Path
     repo, tag = repo_and_tag(spelled)
     revision = "main"
     report("pulling manifest")
-    files, offline = _listing(repo, revision)
+    files, offline = repo_files(repo, revision)
     filename = choose_file(list(files), tag, repo)
     parts = split_siblings(filename, list(files)) or [filename]
-    paths = [_fetch_verified(repo, f, files.get(f), revision, report) for f in parts]
+    paths = [fetch_verified(repo, f, files.get(f), revision, report) for f in parts]
     config: dict[str, Any] = {}
     if not _gguf_has_template(paths[0]):
         tmpl = _repo_template(repo, files, revision)
@@ -188,7 +188,9 @@ def pull_hf(store: Any, spelled: str, name: ModelName, report: Progress) -> Path
     return blob
 
 
-def _fetch_verified(repo: str, filename: str, expected: str | None, revision: str, report: Progress) -> Path:
+def fetch_verified(repo: str, filename: str, expected: str | None, revision: str, report: Progress) -> Path:
+    """``filename`` of ``repo`` into the HF cache, its sha256 checked against ``expected`` (the Hub's
+    LFS digest) when there is one; its path in the cache."""
     label = f"pulling {expected[:12]}" if expected else f"pulling {filename.rsplit('/', 1)[-1]}"
     digest = f"sha256:{expected}" if expected else None
     path = _download(repo, filename, revision, report, digest, label)
