@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from backend_checks import fused_matches_op_by_op
 from llmedge.api import Model
 from llmedge.models.base import Batch
 
@@ -27,27 +28,8 @@ def _ids(m: Model, n: int, start: int = 0) -> list[int]:
     return ids
 
 
-def _paired(m: Model, ids: list[int], follow: list[int]) -> tuple[list[tuple[np.ndarray, np.ndarray]], Any]:
-    """For the prompt in ``n_batch`` chunks and then each single-token step, the logits of the fused
-    path and of the op-by-op path, each on its own cache; the fused path's cache. Each piece's pair
-    is compared and dropped (Gemma's 704 rows of 262k logits would be 0.7 GB per path)."""
-    net, eng = m.model, m.engine
-    caches = {True: eng.new_cache(), False: eng.new_cache()}
-    pieces = [ids[i : i + eng.n_batch] for i in range(0, len(ids), eng.n_batch)] + [[t] for t in follow]
-    rows = 0
-    try:
-        for piece in pieces:
-            out = {}
-            for fused in (True, False):
-                net._native_stack = None if fused else False  # False: the backend declines: op by op
-                out[fused] = eng.forward(caches[fused], piece, all_logits=len(piece) > 1)
-                assert bool(net._native_stack) == fused, "the fused path was not taken as intended"
-            np.testing.assert_array_equal(out[True], out[False])
-            assert out[True].shape[1] == m.params.n_vocab
-            rows += len(out[True])
-    finally:
-        net._native_stack = None
-    return rows, caches[True]
+def _paired(m: Model, ids: list[int], follow: list[int]) -> tuple[int, Any]:
+    return fused_matches_op_by_op(m, ids, follow, "_native_stack")
 
 
 @pytest.mark.parametrize(("name", "n_prompt"), [("smollm2", 300), ("gemma3", 700)])

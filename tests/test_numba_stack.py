@@ -11,9 +11,9 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
+from backend_checks import fused_matches_op_by_op
 from llmedge.api import Model
 from llmedge.backends.numba_cpu import fused
 from llmedge.backends.numba_cpu.fused import StackPlan
@@ -29,24 +29,7 @@ def _ids(m: Model, n: int) -> list[int]:
 
 
 def _paired(m: Model, ids: list[int], follow: list[int]) -> tuple[int, Any]:
-    """Each prompt chunk and single-token step through the fused path and the op-by-op path, each
-    on its own cache, compared exactly; the rows compared and the fused path's cache."""
-    net, eng = m.model, m.engine
-    caches = {True: eng.new_cache(), False: eng.new_cache()}
-    pieces = [ids[i : i + eng.n_batch] for i in range(0, len(ids), eng.n_batch)] + [[t] for t in follow]
-    rows = 0
-    try:
-        for piece in pieces:
-            out = {}
-            for fused in (True, False):
-                net._numba_stack = None if fused else False  # False: the backend declines: op by op
-                out[fused] = eng.forward(caches[fused], piece, all_logits=len(piece) > 1)
-                assert bool(net._numba_stack) == fused, "the fused path was not taken as intended"
-            np.testing.assert_array_equal(out[True], out[False])
-            rows += len(out[True])
-    finally:
-        net._numba_stack = None
-    return rows, caches[True]
+    return fused_matches_op_by_op(m, ids, follow, "_numba_stack")
 
 
 @pytest.mark.parametrize(("name", "n_prompt", "n_ctx"), [("smollm2", 40, 128), ("gemma3", 100, 640)])
