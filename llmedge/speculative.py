@@ -161,8 +161,8 @@ class ModelDrafter:
         drop = cache.offset - common
         if drop <= DEFAULT_DRAFT_MAX + 2:
             cache.rollback(drop)  # rejected drafts: the newest cells, rewound in place
-        elif not cache.trim_to(common):
-            common = 0
+        else:
+            cache.trim_to(common)  # clears the cache when a ring lost what the prefix needs
         return eng.forward(cache, context[cache.offset :])[-1]
 
     def prefill(self, context: list[int]) -> None:
