@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tiny_vocabs import bytes_to_unicode
 
 HIDDEN, N_HEAD, N_KV, HEAD_DIM, FFN, N_LAYER = 64, 4, 2, 16, 128, 2
 TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -79,18 +80,6 @@ def write_sharded(folder: Path, tensors: dict[str, np.ndarray], n_shards: int, d
 
 
 # ------------------------------------------------------------------------------ tokenizers
-
-
-def bytes_to_unicode() -> dict[int, str]:
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
 
 
 _SPLITS = {
