@@ -119,3 +119,16 @@ def check_same_shape(op: str, a: np.ndarray, b: np.ndarray, names: tuple[str, st
         if names[0]:
             raise ValueError(f"{op}: {names[0]} {a.shape} and {names[1]} {b.shape} differ")
         raise ValueError(f"{op}: shapes {a.shape} and {b.shape} differ")
+
+
+def unencoded_feature(model: Any, encoded: frozenset[str], stack: str) -> str | None:
+    """Why a fused stack that encodes the spec features ``encoded`` cannot run ``model`` (the first
+    layer using a feature outside them), or None; ``stack`` names it in the reason."""
+    specs = getattr(model, "specs", None)
+    if not specs:
+        return "the model declares no layer specs"
+    for il, spec in enumerate(specs):
+        missing = [f for f in spec.used_features() if f not in encoded]
+        if missing:
+            return f"layer {il} uses {', '.join(missing)}, which {stack} does not encode"
+    return None

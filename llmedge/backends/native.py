@@ -31,6 +31,7 @@ from llmedge.backends.base import (
     check_rope,
     check_row_ids,
     check_same_shape,
+    unencoded_feature,
 )
 from llmedge.backends.base import as_f32c as _f32c
 from llmedge.backends.base import out_array as _out
@@ -453,13 +454,9 @@ class _StackPlan:
     def decline_reason(cls, model: Any) -> str | None:
         """None when the C stack encodes every feature and weight of ``model``; else why not, in a few
         words (``llmedge show`` prints it)."""
-        specs = getattr(model, "specs", None)
-        if not specs:
-            return "the model declares no layer specs"
-        for il, spec in enumerate(specs):
-            missing = [f for f in spec.used_features() if f not in cls.ENCODED]
-            if missing:
-                return f"layer {il} uses {', '.join(missing)}, which the fused stack does not encode"
+        reason = unencoded_feature(model, cls.ENCODED, "the fused stack")
+        if reason is not None:
+            return reason
         for il, w in enumerate(model.layers):
             for name in ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "ffn_gate", "ffn_up", "ffn_down"):
                 nw = w.get(name)

@@ -18,6 +18,7 @@ import numpy as np
 from numba import carray, njit, types
 from numba.extending import intrinsic
 
+from llmedge.backends.base import unencoded_feature
 from llmedge.backends.numba_cpu.common import (
     _Q8_0_FAMILY,
     _Q8_1_FAMILY,
@@ -206,13 +207,10 @@ class StackPlan:
         """None when the fused stack encodes every feature and weight of ``model``; else why not."""
         from llmedge.backends.numba_cpu.backend import NumbaWeight
 
-        specs = getattr(model, "specs", None)
-        if not specs:
-            return "the model declares no layer specs"
-        for il, spec in enumerate(specs):
-            missing = [f for f in spec.used_features() if f not in cls.ENCODED]
-            if missing:
-                return f"layer {il} uses {', '.join(missing)}, which the fused numba stack does not encode"
+        reason = unencoded_feature(model, cls.ENCODED, "the fused numba stack")
+        if reason is not None:
+            return reason
+        for il, spec in enumerate(model.specs):
             if spec.n_rot % 2 or spec.n_rot > spec.head_dim:
                 return f"layer {il} rotates {spec.n_rot} of {spec.head_dim} values"
         for il, w in enumerate(model.layers):
