@@ -54,6 +54,7 @@ static inline __m512i lle512_cvtepu8_epi16(__m256i v) {
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2"))), apply_to = function)
 #else
+#pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")
 #endif
 #include <immintrin.h>
@@ -701,6 +702,16 @@ static void tile_q6_K_tiled(int k, const void *w, size_t ws, int nc, const void 
 
 /* ---------------------------------------------------------------- registration */
 
+/* the registration runs on every x86 CPU at start-up: compiled for the baseline, not AVX-512 (GCC
+ * copies the kernel table with zmm moves otherwise) */
+#if !defined(LLE_AVX512_SIMDE)
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#endif
+
 /* the AVX2 entry of a type with some slots replaced: the slots not replaced keep AVX2's kernels,
  * which compute the same values (a type's kernels are taken from one tier, see api.c) */
 static lle_kernels from_avx2(int t) { return lle_kernels_avx2[t]; }
@@ -716,10 +727,6 @@ void LLE_AVX512_REGISTER(void) {
     k = from_avx2(T_Q6_K); k.vec_dot = vec_dot_q6_K; k.tile_tiled = tile_q6_K_tiled; k.packed = packed_q6_K; t[T_Q6_K] = k;
     k = from_avx2(T_Q5_1); k.vec_dot = vec_dot_q5_1; k.gemv = gemv_q5_1; k.tile = tile_q5_1; k.tile_rows = 8; t[T_Q5_1] = k;
 }
-
-#if defined(__clang__) && !defined(LLE_AVX512_SIMDE)
-#pragma clang attribute pop
-#endif
 
 #else /* not x86 */
 
