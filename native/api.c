@@ -164,6 +164,7 @@ static void select_isa(int isa) {
                 k.tile = src->tile;
                 k.tile_rows = src->tile_rows;
                 k.vec_dot_batch = src->vec_dot_batch;
+                k.tile_batch = src->tile_batch;
                 k.gemv = src->gemv;
                 k.vec_dot_r8 = src->vec_dot_r8;
                 k.vec_dot_r8_gemm = src->vec_dot_r8_gemm;
@@ -494,7 +495,8 @@ int lle_matmul_impl(int type, const void *w, long long w_stride, long long m, lo
             c.gbytes = lle_packed_group_bytes(type, k);
     } else if (n >= 2 && kw->vec_dot_batch && (!plain || (m % 4 == 0 && k % 8 == 0))) {
         c.vd = kw->vec_dot_batch;
-        c.tile = NULL;
+        c.tile = kw->tile_batch;
+        c.tile_rows = 4;
     }
     /* float activation scales for the decode kernel (one row) or the tiles (per 4-row group) */
     const int uses_tiles = n > 1 && c.tile;

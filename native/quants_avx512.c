@@ -46,6 +46,10 @@ static inline __m512i lle512_cvtepu8_epi32(__m128i v) {
 static inline __m512i lle512_cvtepi8_epi32(__m128i v) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepi8_epi32(v)), _mm256_cvtepi8_epi32(_mm_srli_si128(v, 8)), 1);
 }
+static inline __m512i lle512_cvtepu16_epi32(__m256i v) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(v))),
+                              _mm256_cvtepu16_epi32(_mm256_extracti128_si256(v, 1)), 1);
+}
 static inline __m512i lle512_cvtepu8_epi16(__m256i v) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(v))),
                               _mm256_cvtepu8_epi16(_mm256_extracti128_si256(v, 1)), 1);
@@ -64,6 +68,7 @@ static inline __m512i lle512_cvtepu8_epi16(__m256i v) {
 #define lle512_cvtph_ps _mm512_cvtph_ps
 #define lle512_cvtepu8_epi32 _mm512_cvtepu8_epi32
 #define lle512_cvtepu8_epi16 _mm512_cvtepu8_epi16
+#define lle512_cvtepu16_epi32 _mm512_cvtepu16_epi32
 #define lle512_cvtepi8_epi32 _mm512_cvtepi8_epi32
 typedef __mmask64 lle_mask64;
 typedef __mmask32 lle_mask32;
@@ -700,6 +705,100 @@ static void tile_q6_K_tiled(int k, const void *w, size_t ws, int nc, const void 
 
 #undef ACT_ROW
 
+/* ---------------------------------------------------------------- f16 and bf16 products */
+/* The AVX2 float kernels' orders in 512-bit registers. Decode (ggml's vec_dot_f16/_bf16 as
+ * quants_avx2.c reproduces them): four 8-lane accumulators c0..c3 over 32 values, held as
+ * [c0 | c1] and [c2 | c3]; their sum [c0 + c2 | c1 + c3] folded to (c0 + c2) + (c1 + c3) is the
+ * AVX2 kernels' first reduction step exactly, the rest is theirs. Prefill (tinyBLAS's order, one
+ * 8-lane accumulator per output): two weight rows share a register, one per 256-bit half.
+ *
+ * BF16 does not use AVX512_BF16's vdpbf16ps: that instruction adds the two products of a pair to
+ * its lane in turn (odd element first, Intel's pseudo-code), with denormal inputs read as zero and
+ * denormal results flushed, which is another summation order and another rounding than the
+ * documented reference (ggml's AVX2 order, which the scalar NumPy checks and the conformance
+ * fixtures use); llama.cpp's results would then depend on the tier, and ours must not. bf16 -> f32
+ * is a 16-bit shift, so the FMA path costs one extra shift per 16 values. */
+
+#define LD16H(p) lle512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#define LD16B(p) _mm512_castsi512_ps(_mm512_slli_epi32(lle512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
+/* 8 halves of row p and 8 of row q as [p | q] (same 16-bit layout for f16 and bf16) */
+#define PAIR16(p, q) _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p))), \
+                                             _mm_loadu_si128((const __m128i *)(q)), 1)
+#define CVT16H(v) lle512_cvtph_ps(v)
+#define CVT16B(v) _mm512_castsi512_ps(_mm512_slli_epi32(lle512_cvtepu16_epi32(v), 16))
+
+/* (c0 + c2) + (c1 + c3) of the AVX2 kernels from a = [c0 | c1], b = [c2 | c3] */
+LLE_INLINE __m256 fold_4x8(__m512 a, __m512 b) {
+    const __m512 ab = _mm512_add_ps(a, b);
+    return _mm256_add_ps(_mm512_castps512_ps256(ab), hi256_ps(ab));
+}
+
+/* reduce_ggml4's steps after its first (quants_avx2.c) */
+LLE_INLINE float reduce_ggml_folded(__m256 x) {
+    const __m128 t0 = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    const __m128 t1 = _mm_hadd_ps(t0, t0);
+    return _mm_cvtss_f32(_mm_hadd_ps(t1, t1));
+}
+
+static void vec_dot_f16(int n, float *LLE_RESTRICT s, const void *LLE_RESTRICT vx, const void *LLE_RESTRICT vy) {
+    const lle_half *x = vx, *y = vy;
+    const int np = n & ~31;
+    __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
+    for (int i = 0; i < np; i += 32) {
+        a = _mm512_fmadd_ps(LD16H(x + i), LD16H(y + i), a);
+        b = _mm512_fmadd_ps(LD16H(x + i + 16), LD16H(y + i + 16), b);
+    }
+    double sumf = reduce_ggml_folded(fold_4x8(a, b));
+    for (int i = np; i < n; i++) sumf += (double)(h2f(x[i]) * h2f(y[i]));
+    *s = (float)sumf;
+}
+
+static void vec_dot_bf16(int n, float *LLE_RESTRICT s, const void *LLE_RESTRICT vx, const void *LLE_RESTRICT vy) {
+    const uint16_t *x = vx, *y = vy;
+    const int np = n & ~31;
+    __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
+    for (int i = 0; i < np; i += 32) {
+        a = _mm512_fmadd_ps(LD16B(x + i), LD16B(y + i), a);
+        b = _mm512_fmadd_ps(LD16B(x + i + 16), LD16B(y + i + 16), b);
+    }
+    double sumf = (double)hsum_float_8(fold_4x8(a, b));
+    for (int i = np; i < n; i++) sumf += (double)(lle_bf16_to_fp32(x[i]) * lle_bf16_to_fp32(y[i]));
+    *s = (float)sumf;
+}
+
+/* the vec_dot_batch order (k % 8 == 0): out[r * ldo + j] for r < nr activation rows, j < nc weight
+ * rows, weight rows in pairs; an odd last row goes to the AVX2 kernel of the same order */
+#define TILE_BATCH(NAME, T, CVT, TYPE)                                                                        \
+    static void tile_batch_##NAME(int k, const void *w, size_t ws, int nc, const void *av, size_t as,     \
+                                  const float *sc, int nr, float *out, size_t ldo) {                      \
+        (void)sc;                                                                                         \
+        int j = 0;                                                                                        \
+        for (; j + 2 <= nc; j += 2) {                                                                     \
+            const T *x0 = (const T *)((const uint8_t *)w + (size_t)j * ws);                               \
+            const T *x1 = (const T *)((const uint8_t *)x0 + ws);                                          \
+            __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()}; \
+            for (int l = 0; l < k; l += 8) {                                                              \
+                const __m512 wv = CVT(PAIR16(x0 + l, x1 + l));                                            \
+                for (int r = 0; r < nr; r++) {                                                            \
+                    const T *y = (const T *)((const uint8_t *)av + (size_t)r * as) + l;                   \
+                    acc[r] = _mm512_fmadd_ps(wv, CVT(PAIR16(y, y)), acc[r]);                              \
+                }                                                                                         \
+            }                                                                                             \
+            for (int r = 0; r < nr; r++) {                                                                \
+                out[(size_t)r * ldo + j] = hsum_float_8(_mm512_castps512_ps256(acc[r]));                 \
+                out[(size_t)r * ldo + j + 1] = hsum_float_8(hi256_ps(acc[r]));                            \
+            }                                                                                             \
+        }                                                                                                 \
+        if (j < nc) {                                                                                     \
+            const lle_vec_dot_fn vd = lle_kernels_avx2[TYPE].vec_dot_batch;                               \
+            for (int r = 0; r < nr; r++)                                                                  \
+                vd(k, out + (size_t)r * ldo + j, (const uint8_t *)w + (size_t)j * ws, (const uint8_t *)av + (size_t)r * as); \
+        }                                                                                                 \
+    }
+
+TILE_BATCH(f16, lle_half, CVT16H, T_F16)
+TILE_BATCH(bf16, uint16_t, CVT16B, T_BF16)
+
 /* ---------------------------------------------------------------- registration */
 
 /* the registration runs on every x86 CPU at start-up: compiled for the baseline, not AVX-512 (GCC
@@ -725,6 +824,8 @@ void LLE_AVX512_REGISTER(void) {
     k = from_avx2(T_Q4_1); k.vec_dot = vec_dot_q4_1; k.gemv = gemv_q4_1; k.tile = tile_q4_1; k.tile_rows = 8; t[T_Q4_1] = k;
     k = from_avx2(T_Q4_K); k.vec_dot_r8 = vec_dot_q4_K_r8; k.packed = packed_q4_K; t[T_Q4_K] = k;
     k = from_avx2(T_Q6_K); k.vec_dot = vec_dot_q6_K; k.tile_tiled = tile_q6_K_tiled; k.packed = packed_q6_K; t[T_Q6_K] = k;
+    k = from_avx2(T_F16); k.vec_dot = vec_dot_f16; k.tile_batch = tile_batch_f16; t[T_F16] = k;
+    k = from_avx2(T_BF16); k.vec_dot = vec_dot_bf16; k.tile_batch = tile_batch_bf16; t[T_BF16] = k;
     k = from_avx2(T_Q5_1); k.vec_dot = vec_dot_q5_1; k.gemv = gemv_q5_1; k.tile = tile_q5_1; k.tile_rows = 8; t[T_Q5_1] = k;
 }
 

@@ -132,7 +132,9 @@ static void test_types(int isa) {
 static void test_bitexact(int isa, int ref_isa) {
     static const int types[] = {T_F32, T_F16, T_BF16, T_Q4_0, T_Q4_1, T_Q5_0, T_Q5_1, T_Q8_0, T_Q2_K,
                                 T_Q3_K, T_Q4_K, T_Q5_K, T_Q6_K, T_IQ4_NL, T_IQ4_XS};
-    static const int ms[] = {37, 40}, ks[] = {512, 2304}, ns[] = {1, 3, 5, 8, 13};
+    /* float types also with odd tails: k not a multiple of the vector widths (520: of 16, 32 and 64;
+     * 517, 44: of 8, where prefill takes the one-row order) */
+    static const int ms[] = {37, 40}, ks[] = {512, 2304}, ks_float[] = {520, 517, 44}, ns[] = {1, 3, 5, 8, 13};
     const int kmax = 2304, mmax = 40, nmax = 13;
     float *x = malloc(sizeof(float) * nmax * kmax), *oa = malloc(sizeof(float) * nmax * mmax);
     float *ob = malloc(sizeof(float) * nmax * mmax);
@@ -140,8 +142,11 @@ static void test_bitexact(int isa, int ref_isa) {
     for (int i = 0; i < nmax * kmax; i++) x[i] = rndf() * 3.0f;
     for (unsigned ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++)
         for (int mi = 0; mi < 2; mi++)
-            for (int ki = 0; ki < 2; ki++) {
-                const int t = types[ti], m = ms[mi], k = ks[ki], vt = lle_vec_type(t);
+            for (int ki = 0; ki < 5; ki++) {
+                const int t = types[ti], m = ms[mi], vt = lle_vec_type(t);
+                const int plain = t == T_F32 || t == T_F16 || t == T_BF16;
+                if (ki >= 2 && !plain) continue;
+                const int k = ki < 2 ? ks[ki] : ks_float[ki - 2];
                 const long long rs = lle_row_size(t, k), vs = lle_row_size(vt, k);
                 random_weights(t, m, k, w);
                 lle_set_isa(ref_isa);
@@ -161,6 +166,18 @@ static void test_bitexact(int isa, int ref_isa) {
                     lle_matmul(t, w, rs, m, k, x, n, ob, m);
                     for (int i = 0; i < n * m; i++)
                         CHECK(memcmp(oa + i, ob + i, sizeof(float)) == 0, "%s matmul m=%d k=%d n=%d [%d]: %.9g vs %.9g",
+                              lle_type_traits[t].name, m, k, n, i, ob[i], oa[i]);
+                    /* the row-exact products (rows kernels, up to LLE_GEMV_ROWS rows per call): each row
+                     * as the reference ISA's product of that row alone */
+                    if (n == 1) continue;
+                    for (int i = 0; i < n; i++) {
+                        lle_set_isa(ref_isa);
+                        lle_matmul(t, w, rs, m, k, x + i * k, 1, oa + i * m, m);
+                    }
+                    lle_set_isa(isa);
+                    lle_matmul_rows(t, w, rs, m, k, x, n, ob, m);
+                    for (int i = 0; i < n * m; i++)
+                        CHECK(memcmp(oa + i, ob + i, sizeof(float)) == 0, "%s rows m=%d k=%d n=%d [%d]: %.9g vs %.9g",
                               lle_type_traits[t].name, m, k, n, i, ob[i], oa[i]);
                 }
             }

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from conftest import skip_or_fail
-from llmedge.backends.native import NativeBackend, NativeWeight
+from llmedge.backends.native import ISA_NAMES, NativeBackend, NativeWeight
 from llmedge.gguf import GGUFFile, TensorInfo
 from llmedge.quant import GGMLQuantizationType as T
 from llmedge.quant import dequantize, quantize, traits
@@ -182,6 +182,20 @@ def test_show_names_the_kernel_tier_in_use(smollm2_path: Path) -> None:
         assert r.returncode == 0, r.stderr
         line = next(ln for ln in r.stdout.splitlines() if ln.strip().startswith("kernel tier"))
         assert line.split()[2] == want, line
+
+
+def test_llmedge_isa_naming_a_tier_this_cpu_cannot_run_is_refused(smollm2_path: Path) -> None:
+    """LLMEDGE_ISA=avx512 on a CPU without AVX-512 (or a tier of another architecture, or no tier at
+    all) is an error with one line saying so, not a silent run on another tier."""
+    missing = next(t for t in ISA_NAMES if t not in available_isas())
+    for bad in (missing, "avx9"):
+        env = dict(os.environ, LLMEDGE_ISA=bad, LLMEDGE_BACKEND="native")
+        r = subprocess.run([sys.executable, "-m", "llmedge.cli.main", "show", str(smollm2_path)], env=env,
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 1, r.stdout
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and f"LLMEDGE_ISA={bad}" in lines[0], r.stderr
+        assert ("cannot run" if bad == missing else "not a kernel tier") in lines[0], lines[0]
 
 
 def test_every_weight_type_has_a_kernel(be: NativeBackend) -> None:

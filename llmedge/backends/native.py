@@ -18,6 +18,7 @@ callers can avoid per-token allocations.
 
 from __future__ import annotations
 
+import os
 import weakref
 from typing import Any, ClassVar
 
@@ -68,6 +69,21 @@ def _fptr(a: np.ndarray) -> Any:
 def _check(rc: int, what: str) -> None:
     if rc != 0:
         raise LlmedgeError(f"native {what} failed (code {rc})")
+
+
+def forced_isa_refusal() -> str | None:
+    """Why ``LLMEDGE_ISA`` cannot be honoured here (a name that is no tier, or a tier this CPU cannot
+    run, such as avx512 on an AVX2-only CPU), or None. The C library would otherwise ignore it and run
+    the best tier, so a run asked for one tier would silently measure or test another."""
+    want = os.environ.get("LLMEDGE_ISA", "").strip().lower()
+    if not want:
+        return None
+    have = ", ".join(NativeBackend.available_isas())
+    if want not in ISA_NAMES:
+        return f"LLMEDGE_ISA={want} is not a kernel tier (choose from {', '.join(ISA_NAMES)}; this CPU runs {have})"
+    if not lib.lle_isa_available(ISA_NAMES.index(want)):
+        return f"LLMEDGE_ISA={want}: this CPU cannot run the {want} kernels (it runs {have})"
+    return None
 
 
 class NativeWeight:
@@ -125,6 +141,9 @@ class NativeBackend:
     def __init__(self, n_threads: int | None = None) -> None:
         if not self.available():
             raise LlmedgeError(f"the native backend is unavailable: {self.unavailable_reason}")
+        refusal = forced_isa_refusal()
+        if refusal:
+            raise LlmedgeError(refusal)
         self.n_threads = int(n_threads) if n_threads else physical_cores()
         if self.n_threads < 1:
             raise ValueError("n_threads must be at least 1")
