@@ -146,6 +146,10 @@ static const lle_kernels *table_of(int isa) {
     }
 }
 
+/* activations kept as floats (f32, f16, bf16): no block scales; a rows kernel of such a type
+ * reproduces its vec_dot, as the others reproduce their gemv */
+static int float_act(int vt) { return vt == T_F32 || vt == T_F16 || vt == T_BF16; }
+
 static void select_isa(int isa) {
     int chain[4];
     const int nc = isa_chain(isa, chain);
@@ -174,8 +178,10 @@ static void select_isa(int isa) {
                 k.packed = src->packed;
                 g_kernel_isa[t] = chain[c];
             }
-            /* the x86 tiers' gemv kernels agree bit for bit, so the rows kernel may come from below */
-            if (!k.gemv_rows && src->gemv_rows && k.gemv) k.gemv_rows = src->gemv_rows;
+            /* the x86 tiers' gemv kernels (and float vec_dots) agree bit for bit, so the rows kernel
+             * may come from below */
+            if (!k.gemv_rows && src->gemv_rows && (k.gemv || float_act(lle_type_traits[t].vec_type)))
+                k.gemv_rows = src->gemv_rows;
         }
         g_active[t] = k;
     }
@@ -634,7 +640,7 @@ int lle_matmul_rows_impl(int type, const void *w, long long w_stride, long long 
     }
     const lle_act_scales_fn asf = c.gemv ? g_active[vt].act_scales : NULL;
     if (!asf) c.gemv = NULL;
-    if (c.gemv && !g_rows_disabled) c.gemv_rows = kw->gemv_rows;
+    if (!g_rows_disabled && (c.gemv || (float_act(vt) && c.vd == kw->vec_dot))) c.gemv_rows = kw->gemv_rows;
     c.w = w;
     c.ws = w_stride > 0 ? (size_t)w_stride : (size_t)lle_row_size(type, k);
     c.m = m;

@@ -157,6 +157,22 @@ typedef void (*lle_gemv_fn)(int k, const void *w, size_t w_stride, int nr, const
 #define LLE_GEMV_ROWS 8
 typedef void (*lle_gemv_rows_fn)(int k, const void *w, size_t w_stride, int nr, const void *a, size_t as_stride,
                                  const float *sc, size_t ss, int n, float *out, size_t ldo);
+/* gemv_rows_NAME (lle_gemv_rows_fn) from rows_NAME(..., n, ...), one instance per row count: with n a constant the accumulators stay in registers */
+#define LLE_ROWS_DISPATCH(NAME)                                                                              \
+    static void gemv_rows_##NAME(int k, const void *w, size_t ws, int nr, const void *a, size_t as_stride,  \
+                                 const float *sc, size_t ss, int n, float *out, size_t ldo) {               \
+        switch (n) {                                                                                         \
+        case 1: rows_##NAME(k, w, ws, nr, a, as_stride, sc, ss, 1, out, ldo); break;                         \
+        case 2: rows_##NAME(k, w, ws, nr, a, as_stride, sc, ss, 2, out, ldo); break;                         \
+        case 3: rows_##NAME(k, w, ws, nr, a, as_stride, sc, ss, 3, out, ldo); break;                         \
+        case 4: rows_##NAME(k, w, ws, nr, a, as_stride, sc, ss, 4, out, ldo); break;                         \
+        case 5: rows_##NAME(k, w, ws, nr, a, as_stride, sc, ss, 5, out, ldo); break;                         \
+        case 6: rows_##NAME(k, w, ws, nr, a, as_stride, sc, ss, 6, out, ldo); break;                         \
+        case 7: rows_##NAME(k, w, ws, nr, a, as_stride, sc, ss, 7, out, ldo); break;                         \
+        default: rows_##NAME(k, w, ws, nr, a, as_stride, sc, ss, 8, out, ldo); break;                        \
+        }                                                                                                    \
+    }
+
 /* the float block scales of one activation row (activation types with f16 scales) */
 typedef void (*lle_act_scales_fn)(int k, const void *a, float *scales);
 
@@ -176,7 +192,8 @@ typedef struct {
     lle_vec_dot_fn vec_dot;         /* only for weight types */
     lle_gemv_fn gemv;               /* optional: several weight rows, one activation row */
     /* optional: `gemv` for several activation rows sharing each weight block (same per-row
-     * arithmetic as the AVX2 gemv, which every x86 tier's gemv reproduces) */
+     * arithmetic as the AVX2 gemv, which every x86 tier's gemv reproduces; float types, which have
+     * no gemv: as their vec_dot) */
     lle_gemv_rows_fn gemv_rows;
     lle_tile_fn tile;               /* optional multi-row kernel */
     int tile_rows;                  /* activation rows per call of `tile` (0: 4; else a multiple of 4:

@@ -275,37 +275,37 @@ static void vec_dot_f32(int n, float *LLE_RESTRICT s, const void *LLE_RESTRICT v
     *s = sumf;
 }
 
-static void vec_dot_f16(int n, float *LLE_RESTRICT s, const void *LLE_RESTRICT vx, const void *LLE_RESTRICT vy) {
-    const lle_half *x = vx, *y = vy;
-    const int np = n & ~31;
-    __m256 c0 = _mm256_setzero_ps(), c1 = _mm256_setzero_ps(), c2 = _mm256_setzero_ps(), c3 = _mm256_setzero_ps();
-    for (int i = 0; i < np; i += 32) {
-        c0 = _mm256_fmadd_ps(LDH(x + i), LDH(y + i), c0);
-        c1 = _mm256_fmadd_ps(LDH(x + i + 8), LDH(y + i + 8), c1);
-        c2 = _mm256_fmadd_ps(LDH(x + i + 16), LDH(y + i + 16), c2);
-        c3 = _mm256_fmadd_ps(LDH(x + i + 24), LDH(y + i + 24), c3);
-    }
-    double sumf = reduce_ggml4(c0, c1, c2, c3);
+/* the ends of vec_dot_f16 / vec_dot_bf16 (bf16's shared with its rows kernel, gemv_rows_avx2.inc): the
+ * four accumulators c[0..3] of the first np values (np = n & ~31) reduced, plus the tail */
+LLE_INLINE float finish_f16(const __m256 *c, const lle_half *x, const lle_half *y, int np, int n) {
+    double sumf = reduce_ggml4(c[0], c[1], c[2], c[3]);
     for (int i = np; i < n; i++) sumf += (double)(h2f(x[i]) * h2f(y[i]));
-    *s = (float)sumf;
+    return (float)sumf;
 }
 
-static void vec_dot_bf16(int n, float *LLE_RESTRICT s, const void *LLE_RESTRICT vx, const void *LLE_RESTRICT vy) {
-    const uint16_t *x = vx, *y = vy;
-    __m256 c1 = _mm256_setzero_ps(), c2 = _mm256_setzero_ps(), c3 = _mm256_setzero_ps(), c4 = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 32 <= n; i += 32) {
-        c1 = _mm256_fmadd_ps(LDB(x + i), LDB(y + i), c1);
-        c2 = _mm256_fmadd_ps(LDB(x + i + 8), LDB(y + i + 8), c2);
-        c3 = _mm256_fmadd_ps(LDB(x + i + 16), LDB(y + i + 16), c3);
-        c4 = _mm256_fmadd_ps(LDB(x + i + 24), LDB(y + i + 24), c4);
-    }
-    c1 = _mm256_add_ps(_mm256_add_ps(c1, c3), _mm256_add_ps(c2, c4));
+LLE_INLINE float finish_bf16(const __m256 *c, const uint16_t *x, const uint16_t *y, int np, int n) {
     double sumf = 0;
-    sumf += (double)hsum_float_8(c1);
-    for (; i < n; i++) sumf += (double)(lle_bf16_to_fp32(x[i]) * lle_bf16_to_fp32(y[i]));
-    *s = (float)sumf;
+    sumf += (double)hsum_float_8(_mm256_add_ps(_mm256_add_ps(c[0], c[2]), _mm256_add_ps(c[1], c[3])));
+    for (int i = np; i < n; i++) sumf += (double)(lle_bf16_to_fp32(x[i]) * lle_bf16_to_fp32(y[i]));
+    return (float)sumf;
 }
+
+#define VEC_DOT_HALF(NAME, T, LOAD)                                                                       \
+    static void vec_dot_##NAME(int n, float *LLE_RESTRICT s, const void *LLE_RESTRICT vx, const void *LLE_RESTRICT vy) { \
+        const T *x = vx, *y = vy;                                                                         \
+        const int np = n & ~31;                                                                           \
+        __m256 c[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()}; \
+        for (int i = 0; i < np; i += 32) {                                                                \
+            c[0] = _mm256_fmadd_ps(LOAD(x + i), LOAD(y + i), c[0]);                                       \
+            c[1] = _mm256_fmadd_ps(LOAD(x + i + 8), LOAD(y + i + 8), c[1]);                               \
+            c[2] = _mm256_fmadd_ps(LOAD(x + i + 16), LOAD(y + i + 16), c[2]);                             \
+            c[3] = _mm256_fmadd_ps(LOAD(x + i + 24), LOAD(y + i + 24), c[3]);                             \
+        }                                                                                                 \
+        *s = finish_##NAME(c, x, y, np, n);                                                               \
+    }
+
+VEC_DOT_HALF(f16, lle_half, LDH)
+VEC_DOT_HALF(bf16, uint16_t, LDB)
 
 static void vec_dot_f32_tb(int n, float *LLE_RESTRICT s, const void *LLE_RESTRICT vx, const void *LLE_RESTRICT vy) {
     const float *x = vx, *y = vy;
@@ -759,7 +759,7 @@ void lle_register_avx2(void) {
     lle_kernels *t = lle_kernels_avx2;
     t[T_F32] = (lle_kernels){.vec_dot = vec_dot_f32, .vec_dot_batch = vec_dot_f32_tb};
     t[T_F16] = (lle_kernels){.from_float = quantize_f16, .vec_dot = vec_dot_f16, .vec_dot_batch = vec_dot_f16_tb};
-    t[T_BF16] = (lle_kernels){.vec_dot = vec_dot_bf16, .vec_dot_batch = vec_dot_bf16_tb};
+    t[T_BF16] = (lle_kernels){.vec_dot = vec_dot_bf16, .gemv_rows = gemv_rows_bf16, .vec_dot_batch = vec_dot_bf16_tb};
     t[T_Q4_0] = (lle_kernels){.vec_dot = vec_dot_q4_0, .gemv = gemv_q4_0, .gemv_rows = gemv_rows_q4_0, .tile = tile_q4_0};
     t[T_Q4_1] = (lle_kernels){.vec_dot = vec_dot_q4_1, .gemv = gemv_q4_1, .gemv_rows = gemv_rows_q4_1, .tile = tile_q4_1};
     t[T_Q5_0] = (lle_kernels){.vec_dot = vec_dot_q5_0, .gemv = gemv_q5_0, .tile = tile_q5_0};

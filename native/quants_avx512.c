@@ -740,31 +740,84 @@ LLE_INLINE float reduce_ggml_folded(__m256 x) {
     return _mm_cvtss_f32(_mm_hadd_ps(t1, t1));
 }
 
-static void vec_dot_f16(int n, float *LLE_RESTRICT s, const void *LLE_RESTRICT vx, const void *LLE_RESTRICT vy) {
-    const lle_half *x = vx, *y = vy;
-    const int np = n & ~31;
-    __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
-    for (int i = 0; i < np; i += 32) {
-        a = _mm512_fmadd_ps(LD16H(x + i), LD16H(y + i), a);
-        b = _mm512_fmadd_ps(LD16H(x + i + 16), LD16H(y + i + 16), b);
-    }
+/* the ends of the two decode orders (bf16's shared with its rows kernel): a = [c0 | c1], b = [c2 | c3]
+ * over the first np values, plus the tail */
+LLE_INLINE float finish_f16(__m512 a, __m512 b, const lle_half *x, const lle_half *y, int np, int n) {
     double sumf = reduce_ggml_folded(fold_4x8(a, b));
     for (int i = np; i < n; i++) sumf += (double)(h2f(x[i]) * h2f(y[i]));
-    *s = (float)sumf;
+    return (float)sumf;
 }
 
-static void vec_dot_bf16(int n, float *LLE_RESTRICT s, const void *LLE_RESTRICT vx, const void *LLE_RESTRICT vy) {
-    const uint16_t *x = vx, *y = vy;
-    const int np = n & ~31;
-    __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
-    for (int i = 0; i < np; i += 32) {
-        a = _mm512_fmadd_ps(LD16B(x + i), LD16B(y + i), a);
-        b = _mm512_fmadd_ps(LD16B(x + i + 16), LD16B(y + i + 16), b);
-    }
+LLE_INLINE float finish_bf16(__m512 a, __m512 b, const uint16_t *x, const uint16_t *y, int np, int n) {
     double sumf = (double)hsum_float_8(fold_4x8(a, b));
     for (int i = np; i < n; i++) sumf += (double)(lle_bf16_to_fp32(x[i]) * lle_bf16_to_fp32(y[i]));
-    *s = (float)sumf;
+    return (float)sumf;
 }
+
+#define VEC_DOT_HALF(NAME, T, LOAD)                                                                       \
+    static void vec_dot_##NAME(int n, float *LLE_RESTRICT s, const void *LLE_RESTRICT vx, const void *LLE_RESTRICT vy) { \
+        const T *x = vx, *y = vy;                                                                         \
+        const int np = n & ~31;                                                                           \
+        __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();                                          \
+        for (int i = 0; i < np; i += 32) {                                                                \
+            a = _mm512_fmadd_ps(LOAD(x + i), LOAD(y + i), a);                                             \
+            b = _mm512_fmadd_ps(LOAD(x + i + 16), LOAD(y + i + 16), b);                                   \
+        }                                                                                                 \
+        *s = finish_##NAME(a, b, x, y, np, n);                                                            \
+    }
+
+VEC_DOT_HALF(f16, lle_half, LD16H)
+VEC_DOT_HALF(bf16, uint16_t, LD16B)
+
+/* several bf16 activation rows (decode of a few tokens at once), each exactly vec_dot_bf16 above:
+ * the AVX2 rows kernel's scheme (gemv_rows_avx2.inc; f16 has none, as there): two weight rows
+ * converted to floats per LLE_ROWS_CHUNK values, each activation vector converted once for both */
+#define LLE_ROWS_CHUNK 256
+LLE_INLINE void rows_bf16_p(int k, const uint16_t *const *x, const int P, const void *av, size_t as, const int n,
+                            float *out, size_t ldo) {
+    const int np = k & ~31;
+    float wf[2][LLE_ROWS_CHUNK] __attribute__((aligned(64)));
+    __m512 acc[LLE_GEMV_ROWS][2][2];
+    for (int r = 0; r < n; r++)
+        for (int p = 0; p < P; p++) acc[r][p][0] = acc[r][p][1] = _mm512_setzero_ps();
+    for (int c0 = 0; c0 < np; c0 += LLE_ROWS_CHUNK) {
+        const int len = np - c0 < LLE_ROWS_CHUNK ? np - c0 : LLE_ROWS_CHUNK;
+        for (int p = 0; p < P; p++)
+            for (int i = 0; i < len; i += 16) _mm512_store_ps(wf[p] + i, LD16B(x[p] + c0 + i));
+        for (int r = 0; r < n; r++) {
+            const uint16_t *y = (const uint16_t *)((const uint8_t *)av + (size_t)r * as) + c0;
+            __m512 s[2][2];
+            for (int p = 0; p < P; p++) s[p][0] = acc[r][p][0], s[p][1] = acc[r][p][1];
+            for (int i = 0; i < len; i += 32)
+                for (int q = 0; q < 2; q++) {
+                    const __m512 yv = LD16B(y + i + 16 * q);
+                    for (int p = 0; p < P; p++) s[p][q] = _mm512_fmadd_ps(_mm512_load_ps(wf[p] + i + 16 * q), yv, s[p][q]);
+                }
+            for (int p = 0; p < P; p++) acc[r][p][0] = s[p][0], acc[r][p][1] = s[p][1];
+        }
+    }
+    for (int r = 0; r < n; r++)
+        for (int p = 0; p < P; p++)
+            out[(size_t)r * ldo + p] = finish_bf16(acc[r][p][0], acc[r][p][1], x[p],
+                                                   (const uint16_t *)((const uint8_t *)av + (size_t)r * as), np, k);
+}
+
+LLE_INLINE void rows_bf16(int k, const void *w, size_t ws, int nr, const void *av, size_t as, const float *sc,
+                          size_t ss, const int n, float *out, size_t ldo) {
+    (void)sc; (void)ss;
+    int j = 0;
+    for (; j + 2 <= nr; j += 2) {
+        const uint16_t *x[2] = {(const uint16_t *)((const uint8_t *)w + (size_t)j * ws),
+                                (const uint16_t *)((const uint8_t *)w + (size_t)(j + 1) * ws)};
+        rows_bf16_p(k, x, 2, av, as, n, out + j, ldo);
+    }
+    if (j < nr) {
+        const uint16_t *x[2] = {(const uint16_t *)((const uint8_t *)w + (size_t)j * ws), NULL};
+        rows_bf16_p(k, x, 1, av, as, n, out + j, ldo);
+    }
+}
+
+LLE_ROWS_DISPATCH(bf16)
 
 /* the vec_dot_batch order (k % 8 == 0): out[r * ldo + j] for r < nr activation rows, j < nc weight
  * rows, weight rows in pairs; an odd last row goes to the AVX2 kernel of the same order */
@@ -825,7 +878,7 @@ void LLE_AVX512_REGISTER(void) {
     k = from_avx2(T_Q4_K); k.vec_dot_r8 = vec_dot_q4_K_r8; k.packed = packed_q4_K; t[T_Q4_K] = k;
     k = from_avx2(T_Q6_K); k.vec_dot = vec_dot_q6_K; k.tile_tiled = tile_q6_K_tiled; k.packed = packed_q6_K; t[T_Q6_K] = k;
     k = from_avx2(T_F16); k.vec_dot = vec_dot_f16; k.tile_batch = tile_batch_f16; t[T_F16] = k;
-    k = from_avx2(T_BF16); k.vec_dot = vec_dot_bf16; k.tile_batch = tile_batch_bf16; t[T_BF16] = k;
+    k = from_avx2(T_BF16); k.vec_dot = vec_dot_bf16; k.gemv_rows = gemv_rows_bf16; k.tile_batch = tile_batch_bf16; t[T_BF16] = k;
     k = from_avx2(T_Q5_1); k.vec_dot = vec_dot_q5_1; k.gemv = gemv_q5_1; k.tile = tile_q5_1; k.tile_rows = 8; t[T_Q5_1] = k;
 }
 

@@ -184,6 +184,35 @@ static void test_bitexact(int isa, int ref_isa) {
     free(x); free(oa); free(ob); free(w); free(qa); free(qb);
 }
 
+/* the row-exact products on one ISA (its rows kernels, 1..LLE_GEMV_ROWS rows per call, and the
+ * float types' odd tails and several conversion chunks): each row equal to that row's product alone */
+static void test_rows(int isa) {
+    static const int types[] = {T_F32, T_F16, T_BF16, T_Q4_0, T_Q4_1, T_Q8_0};
+    static const int ks[] = {1056, 520, 517}, ns[] = {2, 3, 8, 11};
+    const int m = 19, kmax = 1056, nmax = 11;
+    float *x = malloc(sizeof(float) * nmax * kmax), *oa = malloc(sizeof(float) * nmax * m);
+    float *ob = malloc(sizeof(float) * nmax * m);
+    uint8_t *w = malloc(1 << 20);
+    for (int i = 0; i < nmax * kmax; i++) x[i] = rndf() * 3.0f;
+    lle_set_isa(isa);
+    for (unsigned ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++)
+        for (int ki = 0; ki < 3; ki++) {
+            const int t = types[ti], k = ks[ki];
+            if (k % lle_type_traits[t].block_size) continue;
+            const long long rs = lle_row_size(t, k);
+            random_weights(t, m, k, w);
+            for (int ni = 0; ni < 4; ni++) {
+                const int n = ns[ni];
+                for (int i = 0; i < n; i++) lle_matmul(t, w, rs, m, k, x + i * k, 1, oa + i * m, m);
+                lle_matmul_rows(t, w, rs, m, k, x, n, ob, m);
+                for (int i = 0; i < n * m; i++)
+                    CHECK(memcmp(oa + i, ob + i, sizeof(float)) == 0, "%s rows k=%d n=%d [%d]: %.9g vs alone %.9g",
+                          lle_type_traits[t].name, k, n, i, ob[i], oa[i]);
+            }
+        }
+    free(x); free(oa); free(ob); free(w);
+}
+
 /* packed weights (native/packed.c): a packed copy must give the products of the unpacked weight on
  * the reference ISA bit for bit, on the decode and prefill paths (both orders of the repacked Q4_K,
  * 4-row groups and the n % 4 rows after them); a weight whose bytes changed after packing must not
@@ -303,6 +332,7 @@ int main(void) {
         if (!lle_isa_available(isa)) continue;
         printf("testing %s against scalar\n", isa_names[isa]);
         test_types(isa);
+        test_rows(isa);
         test_ops(isa);
         tested++;
     }

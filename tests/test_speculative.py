@@ -179,9 +179,9 @@ def test_server_lookup_option_gives_the_plain_text_and_reports_drafts(store_root
     assert f"llmedge_draft_accepted_total {spec['draft_accepted']}" in metrics
 
 
-@pytest.mark.parametrize("ggml_type", ["Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q4_K", "Q6_K", "F16"])
+@pytest.mark.parametrize("ggml_type", ["Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q4_K", "Q6_K", "F16", "BF16"])
 def test_row_exact_products_equal_one_row_products_on_every_tier(ggml_type: str) -> None:
-    """lle_matmul_rows (shared weight blocks for Q4_0 / Q4_1 / Q8_0, the one-row gemv per row for the
+    """lle_matmul_rows (shared weight blocks for Q4_0 / Q4_1 / Q8_0 / BF16, the one-row gemv per row for the
     others) against lle_matmul of each row alone, bit for bit, on every kernel tier of this CPU."""
     from test_native_kernels import make_tensor, random_weight
 
