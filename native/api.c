@@ -185,7 +185,7 @@ static void select_isa(int isa) {
         }
         g_active[t] = k;
     }
-    lle_ops = (isa == ISA_AVX2 || isa == ISA_AVX512) ? &lle_ops_avx2 : &lle_ops_scalar;
+    lle_ops = isa == ISA_AVX512 ? &lle_ops_avx512 : isa == ISA_AVX2 ? &lle_ops_avx2 : &lle_ops_scalar;
     g_isa = isa;
 }
 

@@ -26,10 +26,11 @@ SOURCES = [
     "quants_neon.c",
     "ops.c",
     "ops_avx2.c",
+    "ops_avx512.c",
     "layer.c",
     "packed.c",
 ]
-DEPENDS = ["common.h", "llmedge_api.h", "tiles_avx2.inc", "gemv_avx2.inc", "gemv_rows_avx2.inc", "korder_avx2.inc"]
+DEPENDS = ["common.h", "avx512_compat.h", "llmedge_api.h", "tiles_avx2.inc", "gemv_avx2.inc", "gemv_rows_avx2.inc", "korder_avx2.inc"]
 
 
 def _cdef() -> str:

@@ -298,6 +298,7 @@ typedef struct {
 
 extern lle_op_kernels lle_ops_scalar;
 extern lle_op_kernels lle_ops_avx2;
+extern lle_op_kernels lle_ops_avx512;  /* bit-equal to lle_ops_avx2 */
 extern const lle_op_kernels *lle_ops;   /* selected */
 
 /* gelu lookup table (ggml GGML_GELU_FP16): gelu(fp16 x) rounded to fp16 */

@@ -1,18 +1,28 @@
 /* AVX2 + FMA + F16C inner loops of the float ops: SiLU/GELU gated products (ggml's vectorized expf,
  * so values agree with llama.cpp on AVX2 machines), float/half dot products and axpy for attention,
  * and the exponentials of softmax.
+ *
+ * Compiled a second time as the AVX-512 tier's ops (ops_avx512.c, LLE_OPS_512; and against SIMDe
+ * for the self-test, selftest_simde_ops.c): the attention's K.Q scores and V sums then run in 512-bit
+ * registers, two 8-lane accumulators of the AVX2 order per register (two cells, or the two halves
+ * of a 16-value slice), so every value is the AVX2 one bit for bit.
  */
 #include "common.h"
 
 #if defined(LLE_X86)
 
+#if defined(LLE_OPS_512)
+#include "avx512_compat.h"
+#define LLE_OPS_TABLE LLE_OPS_512
+#else
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
 #else
 #pragma GCC target("avx2,fma,f16c")
 #endif
-
 #include <immintrin.h>
+#define LLE_OPS_TABLE lle_ops_avx2
+#endif
 
 /* ggml_v_expf (adapted by ggml from ARM's optimized routines): max error 1.45358 + 0.5 ulp */
 LLE_INLINE __m256 v_expf(__m256 x) {
@@ -177,16 +187,50 @@ LLE_INLINE __m256 ld_kv(const uint8_t *p, int f16) {
     return f16 ? LDH((const lle_half *)p) : _mm256_loadu_ps((const float *)p);
 }
 
+#if defined(LLE_OPS_512)
+/* 16 values of a K or V row as floats */
+LLE_INLINE __m512 ld_kv16(const uint8_t *p, int f16) {
+    return f16 ? lle512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)) : _mm512_loadu_ps((const float *)p);
+}
+
+/* 8 values of row p and 8 of row q as [p | q] */
+LLE_INLINE __m512 ld_kv_pair(const uint8_t *p, const uint8_t *q, int f16) {
+    if (f16)
+        return lle512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p)),
+                                                       _mm_loadu_si128((const __m128i *)q), 1));
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps((const float *)p)), _mm256_loadu_ps((const float *)q), 1);
+}
+
+LLE_INLINE __m256 lo256(__m512 v) { return _mm512_castps512_ps256(v); }
+LLE_INLINE __m256 hi256(__m512 v) { return _mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(v), 1)); }
+#endif
+
 /* scores of cells j..j+7 against the float query qv: tinyBLAS order (d % 8 == 0) */
 LLE_INLINE __m256 kq8_tb(const uint8_t *k0, size_t kst, const float *qv, int64_t d, int f16) {
     __m256 c[8];
-    for (int m = 0; m < 8; m++) c[m] = _mm256_setzero_ps();
     const size_t esz = f16 ? 2 : 4;
+#if defined(LLE_OPS_512)
+    /* cells 2p and 2p + 1 in the halves of one register */
+    __m512 c2[4];
+    for (int p = 0; p < 4; p++) c2[p] = _mm512_setzero_ps();
+    for (int64_t l = 0; l < d; l += 8) {
+        const __m256 q8 = _mm256_loadu_ps(qv + l);
+        const __m512 qq = _mm512_insertf32x8(_mm512_castps256_ps512(q8), q8, 1);
+        const uint8_t *kl = k0 + (size_t)l * esz;
+        for (int p = 0; p < 4; p++) c2[p] = _mm512_fmadd_ps(ld_kv_pair(kl + 2 * p * kst, kl + (2 * p + 1) * kst, f16), qq, c2[p]);
+    }
+    for (int p = 0; p < 4; p++) {
+        c[2 * p] = lo256(c2[p]);
+        c[2 * p + 1] = hi256(c2[p]);
+    }
+#else
+    for (int m = 0; m < 8; m++) c[m] = _mm256_setzero_ps();
     for (int64_t l = 0; l < d; l += 8) {
         const __m256 qq = _mm256_loadu_ps(qv + l);
         const uint8_t *kl = k0 + (size_t)l * esz;
         for (int m = 0; m < 8; m++) c[m] = _mm256_fmadd_ps(ld_kv(kl + m * kst, f16), qq, c[m]);
     }
+#endif
     return hsum8_x8(c);
 }
 
@@ -196,6 +240,16 @@ LLE_INLINE __m256 kq8_ggml(const uint8_t *k0, size_t kst, const float *qv, int64
     const size_t esz = f16 ? 2 : 4;
     for (int m = 0; m < 8; m++) {
         const uint8_t *kr = k0 + m * kst;
+#if defined(LLE_OPS_512)
+        /* [s0 | s1] and [s2 | s3]: their sum folded is (s0 + s2) + (s1 + s3) */
+        __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
+        for (int64_t l = 0; l < d; l += 32) {
+            a = _mm512_fmadd_ps(ld_kv16(kr + (size_t)l * esz, f16), _mm512_loadu_ps(qv + l), a);
+            b = _mm512_fmadd_ps(ld_kv16(kr + (size_t)(l + 16) * esz, f16), _mm512_loadu_ps(qv + l + 16), b);
+        }
+        const __m512 ab = _mm512_add_ps(a, b);
+        x[m] = _mm256_add_ps(lo256(ab), hi256(ab));
+#else
         __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
         for (int64_t l = 0; l < d; l += 32) {
             s0 = _mm256_fmadd_ps(ld_kv(kr + (size_t)l * esz, f16), _mm256_loadu_ps(qv + l), s0);
@@ -204,6 +258,7 @@ LLE_INLINE __m256 kq8_ggml(const uint8_t *k0, size_t kst, const float *qv, int64
             s3 = _mm256_fmadd_ps(ld_kv(kr + (size_t)(l + 24) * esz, f16), _mm256_loadu_ps(qv + l + 24), s3);
         }
         x[m] = _mm256_add_ps(_mm256_add_ps(s0, s2), _mm256_add_ps(s1, s3));
+#endif
     }
     return reduce_ggml4_x8(x);
 }
@@ -313,6 +368,22 @@ LLE_INLINE void v_sum_rows(const lle_attn_args *a, int64_t g, const float *w, in
         for (int l = 0; l < L; l++) {
             __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
             __m256 s4 = _mm256_setzero_ps(), s5 = _mm256_setzero_ps(), s6 = _mm256_setzero_ps(), s7 = _mm256_setzero_ps();
+#if defined(LLE_OPS_512)
+            if (S == 8) {  /* the same lane-wise sums, 16 values per register */
+                __m512 z0 = _mm512_setzero_ps(), z1 = _mm512_setzero_ps(), z2 = _mm512_setzero_ps(), z3 = _mm512_setzero_ps();
+                for (int64_t j = jb + l; j < jend; j += L) {
+                    if (w[j] == 0.0f) continue;
+                    const __m512 p = _mm512_set1_ps(w[j]);
+                    const uint8_t *vr = vb + (size_t)j * vst;
+                    z0 = _mm512_fmadd_ps(ld_kv16(vr, f16), p, z0);
+                    z1 = _mm512_fmadd_ps(ld_kv16(vr + 16 * esz, f16), p, z1);
+                    z2 = _mm512_fmadd_ps(ld_kv16(vr + 32 * esz, f16), p, z2);
+                    z3 = _mm512_fmadd_ps(ld_kv16(vr + 48 * esz, f16), p, z3);
+                }
+                s0 = lo256(z0); s1 = hi256(z0); s2 = lo256(z1); s3 = hi256(z1);
+                s4 = lo256(z2); s5 = hi256(z2); s6 = lo256(z3); s7 = hi256(z3);
+            } else
+#endif
             if (S == 8) {
                 for (int64_t j = jb + l; j < jend; j += L) {
                     if (w[j] == 0.0f) continue;
@@ -514,12 +585,14 @@ static void f16_to_f32(int64_t n, const lle_half *x, float *y) {
     for (; i < n; i++) y[i] = _cvtsh_ss(x[i]);
 }
 
-lle_op_kernels lle_ops_avx2 = {swiglu, geglu, softmax_exp, rope_head, attn_row, f16_to_f32};
+lle_op_kernels LLE_OPS_TABLE = {swiglu, geglu, softmax_exp, rope_head, attn_row, f16_to_f32};
 
 #if defined(__clang__)
 #pragma clang attribute pop
 #endif
 
+#elif defined(LLE_OPS_512)
+lle_op_kernels LLE_OPS_512;
 #else
 lle_op_kernels lle_ops_avx2;
 #endif

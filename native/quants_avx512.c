@@ -15,63 +15,20 @@
  * from 16 interleaved rows.
  *
  * The same source is compiled a second time against SIMDe (LLE_AVX512_SIMDE, see
- * native/simde_avx512.c), into the self-test only, so that a CPU without AVX-512 checks this code
+ * native/selftest_simde.c), into the self-test only, so that a CPU without AVX-512 checks this code
  * bit for bit against the AVX2 kernels (tests/test_native_kernels.py).
  */
 #include "common.h"
 
 #if defined(LLE_X86)
 
+#include "avx512_compat.h"
 #if defined(LLE_AVX512_SIMDE)
-#define SIMDE_ENABLE_NATIVE_ALIASES
-#include <simde/x86/avx512.h>
-#include <simde/x86/fma.h>
-#include <simde/x86/f16c.h>
 #define LLE_AVX512_TABLE lle_kernels_avx512_simde
 #define LLE_AVX512_REGISTER lle_register_avx512_simde
-typedef simde__mmask64 lle_mask64;
-typedef simde__mmask32 lle_mask32;
-/* intrinsics SIMDe 0.7 lacks, composed from the 256-bit ones it has */
-static inline __m512 lle512_cvtepi32_ps(__m512i v) {
-    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_cvtepi32_ps(_mm512_castsi512_si256(v))),
-                              _mm256_cvtepi32_ps(_mm512_extracti64x4_epi64(v, 1)), 1);
-}
-static inline __m512 lle512_cvtph_ps(__m256i h) {
-    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_cvtph_ps(_mm256_castsi256_si128(h))),
-                              _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), 1);
-}
-static inline __m512i lle512_cvtepu8_epi32(__m128i v) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepu8_epi32(v)), _mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)), 1);
-}
-static inline __m512i lle512_cvtepi8_epi32(__m128i v) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepi8_epi32(v)), _mm256_cvtepi8_epi32(_mm_srli_si128(v, 8)), 1);
-}
-static inline __m512i lle512_cvtepu16_epi32(__m256i v) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(v))),
-                              _mm256_cvtepu16_epi32(_mm256_extracti128_si256(v, 1)), 1);
-}
-static inline __m512i lle512_cvtepu8_epi16(__m256i v) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(v))),
-                              _mm256_cvtepu8_epi16(_mm256_extracti128_si256(v, 1)), 1);
-}
 #else
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2")
-#endif
-#include <immintrin.h>
 #define LLE_AVX512_TABLE lle_kernels_avx512
 #define LLE_AVX512_REGISTER lle_register_avx512
-#define lle512_cvtepi32_ps _mm512_cvtepi32_ps
-#define lle512_cvtph_ps _mm512_cvtph_ps
-#define lle512_cvtepu8_epi32 _mm512_cvtepu8_epi32
-#define lle512_cvtepu8_epi16 _mm512_cvtepu8_epi16
-#define lle512_cvtepu16_epi32 _mm512_cvtepu16_epi32
-#define lle512_cvtepi8_epi32 _mm512_cvtepi8_epi32
-typedef __mmask64 lle_mask64;
-typedef __mmask32 lle_mask32;
 #endif
 
 lle_kernels LLE_AVX512_TABLE[T_COUNT];

@@ -296,9 +296,48 @@ static void test_ops(int isa) {
     }
 }
 
+/* attention on an ISA that promises another's order (AVX-512 of AVX2), bit for bit: one query row
+ * (ggml's order) and several (tinyBLAS's; f16 caches then read as f32 copies), f16 and f32 caches,
+ * head sizes with every V-sum path (64: full 64-value slices, 40: a partial one, 36: d % 8 != 0),
+ * a cell count that is no multiple of 8, a sliding window and a soft-cap */
+static void test_attention_bitexact(int isa, int ref_isa) {
+    enum { H = 4, KV = 2, T = 37, DMAX = 64, NMAX = 5 };
+    static const int ds[] = {64, 40, 36}, ns[] = {1, 5};
+    float *q = malloc(sizeof(float) * NMAX * H * DMAX), *oa = malloc(sizeof(float) * NMAX * H * DMAX);
+    float *ob = malloc(sizeof(float) * NMAX * H * DMAX), *kf = malloc(sizeof(float) * T * KV * DMAX);
+    float *vf = malloc(sizeof(float) * T * KV * DMAX);
+    lle_half *kh = malloc(sizeof(lle_half) * T * KV * DMAX), *vh = malloc(sizeof(lle_half) * T * KV * DMAX);
+    int pos[NMAX] = {30, 11, 36, 7, 25}, kpos[T];
+    for (int i = 0; i < NMAX * H * DMAX; i++) q[i] = rndf() * 2;
+    for (int i = 0; i < T * KV * DMAX; i++) {
+        kf[i] = rndf(); vf[i] = rndf();
+        kh[i] = lle_fp32_to_fp16(kf[i]); vh[i] = lle_fp32_to_fp16(vf[i]);
+    }
+    for (int i = 0; i < T; i++) kpos[i] = i;
+    for (int di = 0; di < 3; di++)
+        for (int ni = 0; ni < 2; ni++)
+            for (int f16 = 0; f16 < 2; f16++)
+                for (int variant = 0; variant < 2; variant++) {
+                    const int d = ds[di], n = ns[ni], window = variant ? 9 : 0;
+                    const float cap = variant ? 20.0f : 0.0f;
+                    const void *k = f16 ? (const void *)kh : (const void *)kf, *v = f16 ? (const void *)vh : (const void *)vf;
+                    float *res[2] = {oa, ob};
+                    const int isas[2] = {ref_isa, isa};
+                    for (int s = 0; s < 2; s++) {
+                        lle_set_isa(isas[s]);
+                        lle_attention(q, n, H, d, k, v, f16, T, KV, KV * d, d, KV * d, d, pos, kpos, 0.125f, window, cap, res[s]);
+                    }
+                    for (int i = 0; i < n * H * d; i++)
+                        CHECK(memcmp(oa + i, ob + i, sizeof(float)) == 0, "attention d=%d n=%d %s%s [%d]: %.9g vs %.9g", d, n,
+                              f16 ? "f16" : "f32", variant ? " window+softcap" : "", i, ob[i], oa[i]);
+                }
+    free(q); free(oa); free(ob); free(kf); free(vf); free(kh); free(vh);
+}
+
 #if defined(LLE_SELFTEST_SIMDE)
 /* selftest_simde.c: the AVX-512 source compiled against SIMDe, run as the AVX-512 tier */
 extern lle_kernels lle_kernels_avx512_simde[T_COUNT];
+extern lle_op_kernels lle_ops_avx512_simde;  /* selftest_simde_ops.c */
 void lle_register_avx512_simde(void);
 
 static int use_simde_avx512(void) {
@@ -308,6 +347,7 @@ static int use_simde_avx512(void) {
     }
     lle_register_avx512_simde();
     memcpy(lle_kernels_avx512, lle_kernels_avx512_simde, sizeof(lle_kernels_avx512));
+    lle_ops_avx512 = lle_ops_avx512_simde;
     lle_test_add_cpu_features(LLE_CPU_AVX512F | LLE_CPU_AVX512BW | LLE_CPU_AVX512VL | LLE_CPU_AVX512DQ |
                               LLE_CPU_AVX512VNNI);
     printf("avx512 kernels: SIMDe\n");
@@ -327,6 +367,7 @@ int main(void) {
         printf("testing avx512 against avx2, bit for bit\n");
         test_bitexact(ISA_AVX512, ISA_AVX2);
         test_packed(ISA_AVX512, ISA_AVX2);
+        test_attention_bitexact(ISA_AVX512, ISA_AVX2);
     }
     for (int isa = 1; isa < ISA_COUNT; isa++) {
         if (!lle_isa_available(isa)) continue;
