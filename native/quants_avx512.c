@@ -1,6 +1,8 @@
 /* AVX-512 tier (F, BW, VL, DQ, VNNI) of the dispatch table: quantized products for the types of
- * the reference models (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; Q4_K, Q6_K), selected at run time only when
- * CPUID reports avx512f/bw/vl/vnni (api.c). Every other field and type falls back to the AVX2 tier.
+ * the reference models (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; Q4_K, Q6_K) and the F16/BF16 products (decode,
+ * prefill tile, BF16 rows kernel), selected at run time only when CPUID reports avx512f/bw/vl/vnni
+ * (api.c); the tier's float ops (attention) are ops_avx512.c. Every other field and type falls back
+ * to the AVX2 tier. AVX512_BF16's vdpbf16ps is deliberately not used (see the f16/bf16 section).
  *
  * Summation order: every kernel here reproduces the AVX2 kernel of the same slot bit for bit (the
  * AVX2 kernels reproduce llama.cpp's orders, see quants_avx2.c and korder_avx2.inc), so results do

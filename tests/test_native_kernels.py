@@ -685,8 +685,10 @@ def test_c_selftest_simd_against_scalar(tmp_path: Path) -> None:
 
 
 def test_c_selftest_avx512_through_simde_equals_avx2_bitwise(tmp_path: Path) -> None:
-    """The AVX-512 kernels compiled against SIMDe (native/selftest_simde.c), so that CPUs without
-    AVX-512 check them too: every product equal to the AVX2 tier's bit for bit."""
+    """The AVX-512 kernels and float ops compiled against SIMDe (native/selftest_simde.c,
+    selftest_simde_ops.c), so that CPUs without AVX-512 check them too: every product (decode, prefill
+    tiles, row-exact rows kernels, odd float tails) and the attention equal to the AVX2 tier's bit
+    for bit."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         skip_or_fail("the AVX-512 tier is compared with the AVX2 kernels, which need an x86 CPU")
     exe = tmp_path / "selftest_simde"
