@@ -153,10 +153,12 @@ typedef void (*lle_tile_fn)(int k, const void *w, size_t w_stride, int nc, const
 typedef void (*lle_gemv_fn)(int k, const void *w, size_t w_stride, int nr, const void *a, const float *as,
                             float *out);
 /* the gemv of up to LLE_GEMV_ROWS activation rows at once, each row's arithmetic exactly the gemv's:
- * out[r * ldo + j] for r < n, j < nr; rows `as_stride` bytes apart, their float scales `ss` apart */
+ * out[r * ldo + j] for r < n, j < nr; rows `as_stride` bytes apart, their float scales `sc`
+ * interleaved by row (act_scales' d[nb], s[nb] of row r at sc[8 * ib + r], sc[8 * (nb + ib) + r];
+ * the lanes of absent rows zero) */
 #define LLE_GEMV_ROWS 8
 typedef void (*lle_gemv_rows_fn)(int k, const void *w, size_t w_stride, int nr, const void *a, size_t as_stride,
-                                 const float *sc, size_t ss, int n, float *out, size_t ldo);
+                                 const float *sc, int n, float *out, size_t ldo);
 /* the float block scales of one activation row (activation types with f16 scales) */
 typedef void (*lle_act_scales_fn)(int k, const void *a, float *scales);
 
@@ -315,6 +317,10 @@ int lle_attention_impl(const float *q, long long n, long long n_head, long long 
                        const void *k, const void *v, int kv_f16, long long t, long long n_kv,
                        long long k_stride_t, long long k_stride_h, long long v_stride_t, long long v_stride_h,
                        const int *q_pos, const int *k_pos, float scale, int window, float softcap, float *out);
+/* several one-row attention problems (each a's n is 1: a decode row of one sequence, in its own
+ * cache) in one pool job over every (problem, head): each row's numbers exactly as lle_attention_impl
+ * computes it alone */
+int lle_attention_rows_impl(const lle_attn_args *a, int count);
 int lle_glu_impl(const float *gate, const float *up, long long n, int kind, float *out);
 int lle_add_impl(const float *a, const float *b, long long n, float *out);
 int lle_scale_impl(const float *x, float s, long long n, float *out);
