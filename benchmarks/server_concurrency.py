@@ -2,6 +2,7 @@
 and how fast a disconnected client's slot frees, against a real ``llmedge serve`` process on loopback.
 
     python benchmarks/server_concurrency.py [--model smollm2:135m] [--tokens 128] [--streams 4] [--repeat 3]
+                                            [--lookup NGRAM]
 
 Prints the single-stream rate and the aggregate rate of N streams, end to end (wall clock from the first
 request to the last token, prompts and HTTP included) and decode only (Ollama's eval rate: tokens over
@@ -9,8 +10,12 @@ the union of the streams' eval_duration windows), their ratios, the engine's mea
 same ratio in tokens per CPU second of the server process (less sensitive to other processes' load).
 The server batches every active sequence into one forward (continuous batching), so the ratio grows
 with how well the backend's matrix products reuse each weight across rows; the issue's target is
->= 2.0 for 4 streams on smollm2:135m. The machine's load average is printed with each round: other
-processes competing for the cores distort the figures, so repeat on a quiet machine.
+>= 3.0 for 4 streams on smollm2:135m. Stream i has its own prompt (a count from i + 1), and every
+stream's greedy text must equal that prompt's text generated alone (the run stops otherwise). With
+``--lookup NGRAM`` a second server speculates (prompt lookup), its rounds interleaved with the plain
+one's, and the ratio of their N-stream aggregate rates is printed (the issue: at least 1.0). The
+machine's load average is printed with each round: other processes competing for the cores distort
+the figures, so repeat on a quiet machine.
 """
 
 from __future__ import annotations
@@ -30,18 +35,23 @@ import httpx
 PROMPT = "Count from 1 to 1000: 1, 2, 3, 4,"  # raw: the model keeps counting, so every stream runs full length
 
 
+def prompt(i: int) -> str:
+    """Stream ``i``'s prompt: its own sequence (a count from another start), as long as the others."""
+    return PROMPT if i == 0 else f"Count from {i + 1} to 1000: {', '.join(str(i + 1 + j) for j in range(4))},"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def start(parallel: int) -> tuple[str, subprocess.Popen[bytes]]:
-    """``llmedge serve --parallel N`` in its own process (the clients' threads here do not share its GIL)."""
+def start(parallel: int, extra: list[str]) -> tuple[str, subprocess.Popen[bytes]]:
+    """``llmedge serve --parallel N [extra]`` in its own process (the clients' threads here do not share its GIL)."""
     port = free_port()
     code = "import sys; from llmedge.cli.main import main; sys.argv[0] = 'llmedge'; main()"
-    proc = subprocess.Popen([sys.executable, "-c", code, "serve", "--parallel", str(parallel), "--max-queue", "64"],
-                            env={**os.environ, "LLMEDGE_HOST": f"127.0.0.1:{port}"})
+    proc = subprocess.Popen([sys.executable, "-c", code, "serve", "--parallel", str(parallel), "--max-queue", "64",
+                             *extra], env={**os.environ, "LLMEDGE_HOST": f"127.0.0.1:{port}"})
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 60
     while True:
@@ -54,26 +64,31 @@ def start(parallel: int) -> tuple[str, subprocess.Popen[bytes]]:
             time.sleep(0.1)
 
 
-def one_stream(url: str, model: str, tokens: int) -> tuple[int, float, float, float]:
-    """Stream one generation: (eval_count, seconds end to end, the server's eval_duration in seconds, end time)."""
-    body = {"model": model, "prompt": PROMPT, "raw": True, "stream": True,
+def one_stream(url: str, model: str, tokens: int, text: str = PROMPT) -> tuple[int, float, float, float, str]:
+    """Stream one generation: (eval_count, seconds end to end, the server's eval_duration in seconds, end
+    time, the text)."""
+    body = {"model": model, "prompt": text, "raw": True, "stream": True,
             "options": {"num_predict": tokens, "temperature": 0}}
     t0 = time.perf_counter()
-    final = {}
+    final, parts = {}, []
     with httpx.stream("POST", url + "/api/generate", json=body, timeout=600) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if line:
                 final = json.loads(line)
+                parts.append(final.get("response", ""))
     t1 = time.perf_counter()
-    return int(final.get("eval_count", 0)), t1 - t0, final.get("eval_duration", 0) / 1e9, t1
+    return int(final.get("eval_count", 0)), t1 - t0, final.get("eval_duration", 0) / 1e9, t1, "".join(parts)
 
 
-def decode_rate(results: list[tuple[int, float, float, float]]) -> float:
+Result = tuple[int, float, float, float, str]
+
+
+def decode_rate(results: list[Result]) -> float:
     """Tokens decoded per second over the union of the streams' decode windows (each ends when its last line
     arrives and lasts its eval_duration): Ollama's eval rate, summed over concurrent streams."""
-    start = min(end - dur for _, _, dur, end in results)
-    return sum(n for n, *_ in results) / (max(end for *_, end in results) - start)
+    start = min(end - dur for _, _, dur, end, _ in results)
+    return sum(r[0] for r in results) / (max(r[3] for r in results) - start)
 
 
 def metric(url: str, name: str) -> float:
@@ -101,6 +116,38 @@ def cpu_seconds(pid: int) -> float:
         return 0.0
 
 
+def round_trip(label: str, url: str, pid: int, args: argparse.Namespace, solo: list[str]) -> float:
+    """One stream, then ``args.streams`` concurrent ones (stream i with prompt i); every stream's text must
+    be its prompt's text alone (``solo``). Returns the aggregate end-to-end rate of the concurrent streams."""
+    c0 = cpu_seconds(pid)
+    first = one_stream(url, args.model, args.tokens, prompt(0))
+    n1, t1 = first[0], first[1]
+    cpu1 = cpu_seconds(pid) - c0
+    single, single_decode = n1 / t1, decode_rate([first])
+    print(f"{label}1 stream : {n1} tokens in {t1:.2f} s = {single:.1f} tok/s end to end, {single_decode:.1f} tok/s "
+          f"decode; server CPU {cpu1:.2f} s (load average {loadavg()})")
+    steps0 = metric(url, "llmedge_engine_steps_total")
+    seqs0 = metric(url, "llmedge_engine_sequence_steps_total")
+    t0, c0 = time.perf_counter(), cpu_seconds(pid)
+    with ThreadPoolExecutor(args.streams) as ex:
+        results = list(ex.map(lambda i: one_stream(url, args.model, args.tokens, prompt(i)), range(args.streams)))
+    wall = time.perf_counter() - t0
+    cpu = cpu_seconds(pid) - c0
+    steps = metric(url, "llmedge_engine_steps_total") - steps0
+    batch = (metric(url, "llmedge_engine_sequence_steps_total") - seqs0) / max(steps, 1)
+    total = sum(r[0] for r in results)
+    agg, agg_decode = total / wall, decode_rate(results)
+    same = sum(r[4] == solo[i] for i, r in enumerate(results)) + (first[4] == solo[0])
+    print(f"{label}{args.streams} streams: {total} tokens in {wall:.2f} s = {agg:.1f} tok/s end to end "
+          f"({agg / single:.2f}x one stream), {agg_decode:.1f} tok/s decode "
+          f"({agg_decode / single_decode:.2f}x); mean batch {batch:.2f}; server CPU {cpu:.2f} s, tokens "
+          f"per CPU second {(total / cpu if cpu else 0) / (n1 / cpu1 if cpu1 else 1):.2f}x one stream's; "
+          f"{same}/{args.streams + 1} texts equal their prompt's text alone (load average {loadavg()})")
+    if same != args.streams + 1:
+        raise SystemExit("a stream's greedy text differs from its text alone")
+    return agg
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2:135m")
@@ -108,42 +155,34 @@ def main() -> None:
     ap.add_argument("--streams", type=int, default=4)
     ap.add_argument("--many", type=int, default=16)
     ap.add_argument("--repeat", type=int, default=1, help="rounds of 1 stream vs N streams")
+    ap.add_argument("--lookup", type=int, default=0, metavar="NGRAM",
+                    help="also a server with --lookup=NGRAM (prompt lookup speculation), its rounds interleaved "
+                         "with the plain server's, and the ratio of their N-stream rates")
     args = ap.parse_args()
 
-    url, proc = start(args.streams)
+    servers = [("", *start(args.streams, []))]
+    if args.lookup:
+        servers.append((f"--lookup={args.lookup}: ", *start(args.streams, [f"--lookup={args.lookup}"])))
     try:
-        with ThreadPoolExecutor(args.streams) as ex:  # load the model and make every slot's cache
-            list(ex.map(lambda _: one_stream(url, args.model, 8), range(args.streams)))
+        solo: list[str] = []
+        for label, url, _ in servers:
+            with ThreadPoolExecutor(args.streams) as ex:  # load the model and make every slot's cache
+                list(ex.map(lambda _, u=url: one_stream(u, args.model, 8), range(args.streams)))
+            # each prompt's text alone (the plain server's; speculation at temperature 0 must give the same)
+            texts = [one_stream(url, args.model, args.tokens, prompt(i))[4] for i in range(args.streams)]
+            solo = solo or texts
+            if texts != solo:
+                raise SystemExit(f"{label}a text alone differs from the plain server's")
         for _ in range(args.repeat):
-            c0 = cpu_seconds(proc.pid)
-            first = one_stream(url, args.model, args.tokens)
-            n1, t1 = first[0], first[1]
-            cpu1 = cpu_seconds(proc.pid) - c0
-            single, single_decode = n1 / t1, decode_rate([first])
-            print(f"1 stream : {n1} tokens in {t1:.2f} s = {single:.1f} tok/s end to end, {single_decode:.1f} tok/s "
-                  f"decode; server CPU {cpu1:.2f} s (load average {loadavg()})")
+            rates = [round_trip(label, url, proc.pid, args, solo) for label, url, proc in servers]
+            if len(rates) > 1:
+                print(f"{servers[1][0]}{args.streams}-stream aggregate {rates[1] / rates[0]:.2f}x the plain server's")
 
-            steps0 = metric(url, "llmedge_engine_steps_total")
-            seqs0 = metric(url, "llmedge_engine_sequence_steps_total")
-            t0, c0 = time.perf_counter(), cpu_seconds(proc.pid)
-            with ThreadPoolExecutor(args.streams) as ex:
-                results = list(ex.map(lambda _: one_stream(url, args.model, args.tokens), range(args.streams)))
-            wall = time.perf_counter() - t0
-            cpu = cpu_seconds(proc.pid) - c0
-            steps = metric(url, "llmedge_engine_steps_total") - steps0
-            batch = (metric(url, "llmedge_engine_sequence_steps_total") - seqs0) / max(steps, 1)
-            total = sum(n for n, *_ in results)
-            agg, agg_decode = total / wall, decode_rate(results)
-            print(f"{args.streams} streams: {total} tokens in {wall:.2f} s = {agg:.1f} tok/s end to end "
-                  f"({agg / single:.2f}x one stream), {agg_decode:.1f} tok/s decode "
-                  f"({agg_decode / single_decode:.2f}x); mean batch {batch:.2f}; server CPU {cpu:.2f} s, tokens "
-                  f"per CPU second {(total / cpu if cpu else 0) / (n1 / cpu1 if cpu1 else 1):.2f}x one stream's "
-                  f"(load average {loadavg()})")
-
+        url = servers[0][1]
         t0 = time.perf_counter()
         with ThreadPoolExecutor(args.many) as ex:
             many = list(ex.map(lambda _: one_stream(url, args.model, 16), range(args.many)))
-        print(f"{args.many} concurrent requests: {sum(1 for n, *_ in many if n > 0)}/{args.many} completed in "
+        print(f"{args.many} concurrent requests: {sum(1 for r in many if r[0] > 0)}/{args.many} completed in "
               f"{time.perf_counter() - t0:.2f} s")
 
         body = {"model": args.model, "prompt": PROMPT, "raw": True, "options": {"num_predict": 2000}}
@@ -155,11 +194,13 @@ def main() -> None:
             time.sleep(0.01)
         print(f"disconnect: slot free after {1000 * (time.perf_counter() - t0):.0f} ms")
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        for _, _, proc in servers:
+            proc.send_signal(signal.SIGINT)
+        for _, _, proc in servers:
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 if __name__ == "__main__":

@@ -34,6 +34,16 @@ from llmedge.tokenizer import Tokenizer
 DEFAULT_PREFIX_CACHE_BYTES = 256 << 20  # snapshots of recent sequences kept for prefix reuse
 PREFIX_CACHE_ENTRIES = 4
 MIN_STASH_TOKENS = 16  # a sequence losing fewer cached tokens than this is not worth a snapshot
+# Speculation (a draft's verify rows) runs only in a step of at most this many sequences. Batching and
+# speculation sell the same thing, more tokens per weight read: with one sequence the weights are
+# read for one row and the draft's rows ride along almost free, but once several sequences share a
+# step their decode rows already fill the multi-row kernels, so verify rows cost nearly their full
+# compute and a rejected draft is lost work (llama.cpp's server measured 1.10x at 1 slot, 0.86x at
+# 4). Measured here (smollm2:135m, 4 sequences of 96 greedy tokens, prompt lookup n=3, CPU time of one
+# thread): drafting in 4-sequence steps gave 0.86-0.92x the rate of not speculating, this rule
+# 1.00-1.13x (the same work as plain decoding while batched); benchmarks/server_concurrency.py
+# --lookup measures it end to end. Alone, a sequence speculates as before.
+SPECULATE_MAX_SEQUENCES = 1
 
 
 @dataclass
@@ -157,9 +167,10 @@ class Generation:
         """True once the prompt is evaluated: each step feeds one sampled token."""
         return not self.todo
 
-    def next_rows(self, limit: int) -> list[int]:
+    def next_rows(self, limit: int, speculate: bool = True) -> list[int]:
         """The tokens to evaluate in the next step: a chunk of the prompt (at most ``limit``, and at
-        most ``n_batch``), or the last sampled token (after shifting a full context)."""
+        most ``n_batch``), or the last sampled token (after shifting a full context) and, when
+        ``speculate``, a draft to verify with it."""
         if self.todo:
             return self.todo[: max(1, min(limit, self.engine.n_batch))]
         assert self.next_token is not None, "a finished generation has nothing to evaluate"
@@ -168,7 +179,9 @@ class Generation:
             self.n_shifts += 1
         rows = [self.next_token, *self.forced]
         self.draft = []
-        if self.spec is not None and not self.forced:
+        if self.spec is not None and not speculate:
+            self.spec.batched += 1
+        elif self.spec is not None and not self.forced:
             room = self.engine.n_ctx - self.cache.offset - 1
             if self.max_tokens >= 0:
                 room = min(room, self.max_tokens - self.n_gen - 1)
@@ -522,28 +535,34 @@ class Engine:
         """Advance every unfinished generation in ``gens`` by one step: one batched forward over each
         decoding one's last sampled token (every weight read once for all of them), and the next prompt
         chunk (``n_batch`` tokens or the rest) of the others, in order, while they fit in ``prompt_rows``
-        (default ``n_batch``; the first one always). Returns, per generation, the chunks it produced
-        (none while its prompt is still being evaluated, at most one otherwise). A sampling error ends
+        (default ``n_batch``; the first one always). Generations with speculation draft only when the
+        step has at most :data:`SPECULATE_MAX_SEQUENCES` unfinished sequences. Returns, per generation,
+        the chunks it produced (none while its prompt is still being evaluated, at most one otherwise). A sampling error ends
         only its own generation (``error`` set); an error of the forward itself is raised.
 
         Each prompt chunk is its own forward, apart from the decoding rows: the kernels a matrix product
         picks depend on its row count, so this keeps every request's numbers what they would be alone
-        (fixed chunk boundaries; decode rows only ever batched with other decode rows)."""
+        (fixed chunk boundaries; decode rows only ever batched with other decode rows, row-exact when
+        there are several: each row multiplied as a one-row decode, bit for bit)."""
         budget = self.n_batch if prompt_rows is None else max(1, prompt_rows)
         out: list[list[Chunk]] = [[] for _ in gens]
         decode: list[tuple[int, Generation, list[int]]] = []
         prompts: list[tuple[int, Generation, list[int]]] = []
+        speculate = sum(not g.done for g in gens) <= SPECULATE_MAX_SEQUENCES
         for i, g in enumerate(gens):
             if g.done:
                 continue
             if g.decoding:
-                decode.append((i, g, g.next_rows(1)))
+                decode.append((i, g, g.next_rows(1, speculate)))
                 continue
             n = min(len(g.todo), self.n_batch)
             if prompts and n > budget:
                 continue
             prompts.append((i, g, g.next_rows(n)))
             budget -= n
+        # several sequences' decode rows: each multiplied exactly as alone where the backend has that
+        # path (the native stack's multi-row decode kernels); elsewhere as one batched forward
+        exact = len(decode) > 1 and getattr(self.model, "row_exact_batches", False)
         for group in ([decode] if decode else []) + [[p] for p in prompts]:
             batches = []
             for _, g, rows in group:
@@ -554,7 +573,8 @@ class Engine:
                 if g.draft:
                     batches.append(Batch(np.asarray(rows, dtype=np.int64), pos, g.cache, None, row_exact=True))
                 else:
-                    batches.append(Batch(np.asarray(rows, dtype=np.int64), pos, g.cache, np.array([len(rows) - 1])))
+                    batches.append(Batch(np.asarray(rows, dtype=np.int64), pos, g.cache, np.array([len(rows) - 1]),
+                                         row_exact=exact and group is decode))
             logits = self._forward_batches(batches)
             for (i, g, rows), lg in zip(group, logits):
                 g.cache.tokens.extend(int(t) for t in rows)

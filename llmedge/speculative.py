@@ -216,6 +216,7 @@ class Speculation:
         self.rejections = 0
         self.verifies = 0  # forwards that verified a draft
         self.decodes = 0  # decode forwards in all (with a draft or not)
+        self.batched = 0  # decode steps that did not draft because other sequences shared the step
         self.t1: float | None = None  # seconds of a step without a draft (EMA)
         self.c: float | None = None  # seconds per draft token in a step with a draft (EMA)
         self.since_probe = 0
@@ -278,4 +279,5 @@ class Speculation:
         """What the timings report: drafted and accepted tokens, acceptance rate, decode forwards."""
         return {"draft_tokens": self.drafted, "draft_accepted": self.accepted,
                 "draft_acceptance": self.accepted / self.drafted if self.drafted else 0.0,
-                "decode_forwards": self.decodes, "verify_forwards": self.verifies}
+                "decode_forwards": self.decodes, "verify_forwards": self.verifies,
+                "draft_batched_steps": self.batched}

@@ -577,6 +577,7 @@ typedef struct {
     const uint8_t *w; size_t ws; int64_t m; int k;
     const uint8_t *a; size_t as; int64_t n;
     const float *scales; int64_t scale_stride;
+    const float *group_scales; int64_t group_stride;  /* gemv_rows: per 8-row group, interleaved by row */
     float *out; int64_t ldo;
     int64_t chunk, n_chunks, counter;
 } mr_ctx;
@@ -593,7 +594,7 @@ static void mr_task(void *vctx, int ith, int nth) {
             for (int64_t i = 0; i < c->n; i += LLE_GEMV_ROWS) {
                 const int nr = c->n - i < LLE_GEMV_ROWS ? (int)(c->n - i) : LLE_GEMV_ROWS;
                 c->gemv_rows(c->k, c->w + j0 * c->ws, c->ws, (int)(j1 - j0), c->a + i * c->as, c->as,
-                             c->scales + i * c->scale_stride, (size_t)c->scale_stride, nr, c->out + i * c->ldo + j0,
+                             c->group_scales + i / LLE_GEMV_ROWS * c->group_stride, nr, c->out + i * c->ldo + j0,
                              (size_t)c->ldo);
             }
             continue;
@@ -656,15 +657,26 @@ int lle_matmul_rows_impl(int type, const void *w, long long w_stride, long long 
         c.as = (size_t)lle_row_size(vt, k);
         const size_t act_bytes = (c.as * (size_t)n + 63) & ~(size_t)63;
         c.scale_stride = asf ? 2 * nb : 0;
-        uint8_t *a = scratch_get(&g_scratch_rows, act_bytes + (size_t)(c.scale_stride * n) * sizeof(float));
+        const int64_t n_groups = (n + LLE_GEMV_ROWS - 1) / LLE_GEMV_ROWS;
+        c.group_stride = c.gemv_rows && asf ? 2 * nb * LLE_GEMV_ROWS : 0;
+        const size_t scale_floats = (size_t)(c.scale_stride * n + c.group_stride * n_groups);
+        uint8_t *a = scratch_get(&g_scratch_rows, act_bytes + scale_floats * sizeof(float));
         if (!a) return -2;
         float *scales = (float *)(a + act_bytes);
+        float *grouped = scales + c.scale_stride * n;
+        if (c.group_stride) memset(grouped, 0, (size_t)(c.group_stride * n_groups) * sizeof(float));
         for (int64_t i = 0; i < n; i++) {
             ff(x + i * k, a + i * c.as, k);
-            if (asf) asf((int)k, a + i * c.as, scales + i * c.scale_stride);
+            if (!asf) continue;
+            float *rs = scales + i * c.scale_stride;
+            asf((int)k, a + i * c.as, rs);
+            if (!c.group_stride) continue;
+            float *g = grouped + i / LLE_GEMV_ROWS * c.group_stride + i % LLE_GEMV_ROWS;
+            for (int64_t b = 0; b < 2 * nb; b++) g[b * LLE_GEMV_ROWS] = rs[b];
         }
         c.a = a;
         c.scales = scales;
+        c.group_scales = grouped;
     }
     int64_t chunk = m / (nth * 16);  /* the one-row product's chunks (a gemv's rows group by chunk) */
     if (chunk < 8) chunk = 8;

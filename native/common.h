@@ -153,23 +153,25 @@ typedef void (*lle_tile_fn)(int k, const void *w, size_t w_stride, int nc, const
 typedef void (*lle_gemv_fn)(int k, const void *w, size_t w_stride, int nr, const void *a, const float *as,
                             float *out);
 /* the gemv of up to LLE_GEMV_ROWS activation rows at once, each row's arithmetic exactly the gemv's:
- * out[r * ldo + j] for r < n, j < nr; rows `as_stride` bytes apart, their float scales `ss` apart */
+ * out[r * ldo + j] for r < n, j < nr; rows `as_stride` bytes apart, their float scales `sc`
+ * interleaved by row (act_scales' d[nb], s[nb] of row r at sc[8 * ib + r], sc[8 * (nb + ib) + r];
+ * the lanes of absent rows zero) */
 #define LLE_GEMV_ROWS 8
 typedef void (*lle_gemv_rows_fn)(int k, const void *w, size_t w_stride, int nr, const void *a, size_t as_stride,
-                                 const float *sc, size_t ss, int n, float *out, size_t ldo);
+                                 const float *sc, int n, float *out, size_t ldo);
 /* gemv_rows_NAME (lle_gemv_rows_fn) from rows_NAME(..., n, ...), one instance per row count: with n a constant the accumulators stay in registers */
 #define LLE_ROWS_DISPATCH(NAME)                                                                              \
     static void gemv_rows_##NAME(int k, const void *w, size_t ws, int nr, const void *a, size_t as_stride,  \
-                                 const float *sc, size_t ss, int n, float *out, size_t ldo) {               \
+                                 const float *sc, int n, float *out, size_t ldo) {               \
         switch (n) {                                                                                         \
-        case 1: rows_##NAME(k, w, ws, nr, a, as_stride, sc, ss, 1, out, ldo); break;                         \
-        case 2: rows_##NAME(k, w, ws, nr, a, as_stride, sc, ss, 2, out, ldo); break;                         \
-        case 3: rows_##NAME(k, w, ws, nr, a, as_stride, sc, ss, 3, out, ldo); break;                         \
-        case 4: rows_##NAME(k, w, ws, nr, a, as_stride, sc, ss, 4, out, ldo); break;                         \
-        case 5: rows_##NAME(k, w, ws, nr, a, as_stride, sc, ss, 5, out, ldo); break;                         \
-        case 6: rows_##NAME(k, w, ws, nr, a, as_stride, sc, ss, 6, out, ldo); break;                         \
-        case 7: rows_##NAME(k, w, ws, nr, a, as_stride, sc, ss, 7, out, ldo); break;                         \
-        default: rows_##NAME(k, w, ws, nr, a, as_stride, sc, ss, 8, out, ldo); break;                        \
+        case 1: rows_##NAME(k, w, ws, nr, a, as_stride, sc, 1, out, ldo); break;                         \
+        case 2: rows_##NAME(k, w, ws, nr, a, as_stride, sc, 2, out, ldo); break;                         \
+        case 3: rows_##NAME(k, w, ws, nr, a, as_stride, sc, 3, out, ldo); break;                         \
+        case 4: rows_##NAME(k, w, ws, nr, a, as_stride, sc, 4, out, ldo); break;                         \
+        case 5: rows_##NAME(k, w, ws, nr, a, as_stride, sc, 5, out, ldo); break;                         \
+        case 6: rows_##NAME(k, w, ws, nr, a, as_stride, sc, 6, out, ldo); break;                         \
+        case 7: rows_##NAME(k, w, ws, nr, a, as_stride, sc, 7, out, ldo); break;                         \
+        default: rows_##NAME(k, w, ws, nr, a, as_stride, sc, 8, out, ldo); break;                        \
         }                                                                                                    \
     }
 
@@ -334,6 +336,10 @@ int lle_attention_impl(const float *q, long long n, long long n_head, long long 
                        const void *k, const void *v, int kv_f16, long long t, long long n_kv,
                        long long k_stride_t, long long k_stride_h, long long v_stride_t, long long v_stride_h,
                        const int *q_pos, const int *k_pos, float scale, int window, float softcap, float *out);
+/* several one-row attention problems (each a's n is 1: a decode row of one sequence, in its own
+ * cache) in one pool job over every (problem, head): each row's numbers exactly as lle_attention_impl
+ * computes it alone */
+int lle_attention_rows_impl(const lle_attn_args *a, int count);
 int lle_glu_impl(const float *gate, const float *up, long long n, int kind, float *out);
 int lle_add_impl(const float *a, const float *b, long long n, float *out);
 int lle_scale_impl(const float *x, float s, long long n, float *out);

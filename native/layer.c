@@ -52,6 +52,19 @@ static float *buf(int i, size_t n) {
     return b->p;
 }
 
+/* room for n one-row attention problems */
+static lle_attn_args *attn_rows(long long n) {
+    static lle_attn_args *rows;
+    static long long cap;
+    if (n > cap) {
+        lle_attn_args *p = realloc(rows, (size_t)n * sizeof(*p));
+        if (!p) return NULL;
+        rows = p;
+        cap = n;
+    }
+    return rows;
+}
+
 /* set (under the lock) by lle_decoder_layers_rows: every row computed as it would be alone */
 static int g_rows = 0;
 
@@ -156,6 +169,12 @@ static int layer_forward(const lle_layer *L, float *x, long long n, const int *p
                               L->rope_factors, L->rope_attn_factor, L->rope_ext_factor, L->rope_corr_lo,
                               L->rope_corr_hi, k));
     if (rc) return rc;
+    /* one-row attention problems (a decode row, or any row in row-exact mode) over float caches go to
+     * one pool job for every sequence and head (lle_attention_rows_impl: the same numbers per row);
+     * prompt chunks and q8_0 caches (dequantized per sequence into one buffer) run per sequence */
+    lle_attn_args *one = attn_rows(n);
+    int n_one = 0;
+    if (!one) return -2;
     for (int s = 0; s < n_seqs; s++) {
         const lle_kv *c = &kv[s];
         const int r0 = seq_rows[s], ns = seq_rows[s + 1] - r0;
@@ -163,6 +182,13 @@ static int layer_forward(const lle_layer *L, float *x, long long n, const int *p
         TIMED(P_KV_STORE,
               store_rows(c->k, c->k_d, c->kv_type, k + (size_t)r0 * nk, ns, nk, c->cell_start, c->n_first);
               store_rows(c->v, c->v_d, c->kv_type, v + (size_t)r0 * nk, ns, nk, c->cell_start, c->n_first));
+        if (c->kv_type != KV_Q8_0 && (g_rows || ns == 1)) {
+            for (int r = r0; r < r0 + ns; r++)
+                one[n_one++] = (lle_attn_args){q + (size_t)r * nq, 1, L->n_head, hd, kc, vc, c->kv_type == KV_F16,
+                                               c->n_cells, L->n_kv_head, nk, hd, nk, hd, pos + r, c->pos,
+                                               L->attn_scale, L->window, L->softcap, ao + (size_t)r * nq, 0};
+            continue;
+        }
         if (c->kv_type == KV_Q8_0) {  /* attention reads float32 copies, as the op-by-op path does */
             float *kf = buf(8, (size_t)c->n_cells * nk);
             float *vf = buf(9, (size_t)c->n_cells * nk);
@@ -181,6 +207,7 @@ static int layer_forward(const lle_layer *L, float *x, long long n, const int *p
                                            c->n_cells, L->n_kv_head, nk, hd, nk, hd, pos + r, c->pos, L->attn_scale,
                                            L->window, L->softcap, ao + (size_t)r * nq));
     }
+    if (n_one) TIMED(P_ATTN, rc |= lle_attention_rows_impl(one, n_one));
     TIMED(P_OUT, rc |= mm(&L->wo, ao, n, h));
     if (L->bo) add_bias(h, L->bo, n, d);
     if (L->post_attn_norm) TIMED(P_NORM, rc |= lle_rms_norm_impl(h, L->post_attn_norm, n, d, L->eps, h));

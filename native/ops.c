@@ -375,6 +375,46 @@ int lle_attention_impl(const float *q, long long n, long long n_head, long long 
     return 0;
 }
 
+/* one pool job over the (problem, head) pairs of several one-row problems */
+typedef struct {
+    const lle_attn_args *a; int count; int64_t n_head;
+    float *scratch; int64_t scratch_per_thread;
+    int64_t counter;
+} attn_rows_ctx;
+
+static void attn_rows_task(void *vctx, int ith, int nth) {
+    (void)nth;
+    attn_rows_ctx *c = vctx;
+    float *scratch = c->scratch + ith * c->scratch_per_thread;
+    const int64_t n_tasks = c->count * c->n_head;
+    for (;;) {
+        const int64_t task = lle_next_chunk(&c->counter);
+        if (task >= n_tasks) break;
+        lle_ops->attn_row(&c->a[task / c->n_head], 0, task % c->n_head, scratch);
+    }
+}
+
+int lle_attention_rows_impl(const lle_attn_args *a, int count) {
+    if (count <= 0) return 0;
+    int64_t per = 0, work = 0;
+    for (int i = 0; i < count; i++) {
+        if (a[i].n != 1 || a[i].n_kv <= 0 || a[i].n_head != a[0].n_head || a[i].n_head % a[i].n_kv != 0 ||
+            a[i].d <= 0 || a[i].t < 0 || a[i].kv_wide)
+            return -1;
+        const int64_t f = (lle_attn_scratch_floats(a[i].t, a[i].d) + 15) & ~(int64_t)15;
+        per = f > per ? f : per;
+        work += a[i].n_head * a[i].t * a[i].d;
+    }
+    const int nth = lle_pool_threads();
+    float *scratch = lle_scratch_ops((size_t)(per * nth) * sizeof(float));
+    if (!scratch) return -2;
+    attn_rows_ctx c = {a, count, a[0].n_head, scratch, per, 0};
+    /* below ~100k multiply-adds the pool round trip costs more than it saves (as lle_attention_impl) */
+    if (nth == 1 || work < 100000) attn_rows_task(&c, 0, 1);
+    else lle_pool_run(attn_rows_task, &c);
+    return 0;
+}
+
 int lle_attention(const float *q, long long n, long long n_head, long long d,
                   const void *k, const void *v, int kv_f16, long long t, long long n_kv,
                   long long k_stride_t, long long k_stride_h, long long v_stride_t, long long v_stride_h,

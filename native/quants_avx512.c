@@ -762,8 +762,8 @@ LLE_INLINE void rows_bf16_p(int k, const uint16_t *const *x, const int P, const 
 }
 
 LLE_INLINE void rows_bf16(int k, const void *w, size_t ws, int nr, const void *av, size_t as, const float *sc,
-                          size_t ss, const int n, float *out, size_t ldo) {
-    (void)sc; (void)ss;
+                          const int n, float *out, size_t ldo) {
+    (void)sc;
     int j = 0;
     for (; j + 2 <= nr; j += 2) {
         const uint16_t *x[2] = {(const uint16_t *)((const uint8_t *)w + (size_t)j * ws),

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import llmedge
+from conftest import skip_or_fail
 from llmedge.api import Model
 from llmedge.backends import native_status
 from llmedge.backends.numpy_ref import NumpyBackend, gelu_tanh, silu
@@ -345,6 +346,40 @@ def test_batched_steps_give_every_sequence_the_tokens_it_gets_alone(smollm2_path
                 "reason": t.done_reason} == counts
     if name == "smollm2":
         assert alone[0][1]["shifts"] >= 1  # the first sequence shifted its context while batched
+
+
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_several_decoding_sequences_get_the_logits_they_get_alone_bitwise(fast_models, name) -> None:
+    """A step of four decoding sequences runs their rows row-exact (each as a one-row decode: gemma3's
+    Q4_K would otherwise take llama.cpp's 4-row repacked order), so each sequence's logits are bit for
+    bit those of its row evaluated alone in the same cache."""
+    if FAST != "native":
+        skip_or_fail("the row-exact multi-sequence decode is the native stack's")
+    m = fast_models[name]
+    e = m.engine
+    pool = e.slot_pool(4)
+    prompts = [m.prompt_ids(p) for p in ("Hi", "Tell me a story.", "What is 2 + 2?", "Name three colours.")]
+    gens = []
+    for ids in prompts:
+        slot = pool.acquire(ids)
+        gens.append(e.begin(ids, Sampler(SamplingOptions(temperature=0)), 8, cache=pool.cache(slot)))
+    while not all(g.decoding for g in gens):
+        e.step(gens)
+    seen = []
+    real = e.model.forward_many
+    e.model.forward_many = lambda batches: seen.append((batches, real(batches))) or seen[-1][1]
+    try:
+        e.step(gens)
+    finally:
+        del e.model.forward_many
+    (batches, logits), = seen
+    assert len(batches) == 4 and all(b.row_exact for b in batches)
+    for b, lg in zip(batches, logits):
+        b.cache.rollback(len(b.tokens))
+        alone = e.model.forward(Batch(b.tokens, b.positions, b.cache, b.output_rows))
+        assert np.array_equal(alone, lg)
+    for i in range(4):
+        pool.release(i)
 
 
 def test_a_failing_sampler_ends_only_its_own_sequence(fast_models) -> None:

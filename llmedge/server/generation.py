@@ -75,7 +75,8 @@ class GenerationResult:
     out_ids: list[int] = field(default_factory=list)
     records: list[dict[str, Any]] = field(default_factory=list)
     piece: Any = None  # token id -> bytes
-    speculative: dict[str, int] = field(default_factory=dict)  # draft_tokens, draft_accepted (llmedge's)
+    # draft_tokens, draft_accepted, draft_batched_steps (llmedge's)
+    speculative: dict[str, int] = field(default_factory=dict)
 
     @property
     def n_prompt(self) -> int:
@@ -193,7 +194,9 @@ class GenerationTask:
                ) -> GenerationResult:
         t = gen.timings
         count_tokens(self.stats, t.prompt_eval_count, t.eval_count, t.prompt_eval_duration, t.eval_duration)
-        speculative = {k: int(t.extra[k]) for k in ("draft_tokens", "draft_accepted") if k in t.extra}
+        # draft_batched_steps: decode steps that did not speculate because other sequences shared them
+        speculative = {k: int(t.extra[k]) for k in ("draft_tokens", "draft_accepted", "draft_batched_steps")
+                       if k in t.extra}
         for k, v in speculative.items():
             self.stats[k] = self.stats.get(k, 0) + v
         return self._result(job, loaded.model, request.ids, done_reason=t.done_reason or "stop",

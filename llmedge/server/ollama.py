@@ -157,7 +157,7 @@ def final_fields(result: Any) -> dict[str, Any]:
         "prompt_eval_duration": result.prompt_eval_duration,
         "eval_count": result.eval_count,
         "eval_duration": result.eval_duration,
-        **result.speculative,  # draft_tokens, draft_accepted when speculation ran (llmedge's)
+        **result.speculative,  # draft_tokens, draft_accepted, draft_batched_steps when speculation ran (llmedge's)
     }
 
 

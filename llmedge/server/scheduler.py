@@ -12,6 +12,12 @@ a token for every decoding sequence and evaluates a chunk of the waiting prompts
 sequence's text to its request's asyncio stream; free the slots of finished or cancelled requests.
 A client that disconnects sets ``cancelled``; its slot is free after the current step.
 
+Speculation and batching: a request with speculation (``--lookup``, ``--draft-model``) drafts only in
+steps where it runs alone (:data:`llmedge.engine.SPECULATE_MAX_SEQUENCES`); while other sequences
+share the step it decodes one token per step, as batched rows (its timings count those steps as
+``draft_batched_steps``). Several sequences' decode rows verify nothing but already fill the multi-row
+kernels, where draft rows would cost nearly full price.
+
 At most ``parallel`` requests run; at most ``max_queue`` more wait, the next one is refused with 503.
 A model is never unloaded (keep-alive, another ``num_ctx``, the loaded-models limit) while sequences
 run on it: the job that needs it waits.
