@@ -732,47 +732,49 @@ VEC_DOT_HALF(bf16, uint16_t, LD16B)
  * the AVX2 rows kernel's scheme (gemv_rows_avx2.inc; f16 has none, as there): two weight rows
  * converted to floats per LLE_ROWS_CHUNK values, each activation vector converted once for both */
 #define LLE_ROWS_CHUNK 256
-LLE_INLINE void rows_bf16_p(int k, const uint16_t *const *x, const int P, const void *av, size_t as, const int n,
-                            float *out, size_t ldo) {
+/* weight rows x0, x1 against n activation rows into out[r * ldo + 0 / 1] (x1 == x0 for a last odd
+ * row: computed twice, stored once) */
+LLE_INLINE void rows_bf16_pair(int k, const uint16_t *x0, const uint16_t *x1, int two, const void *av, size_t as,
+                               const int n, float *out, size_t ldo) {
     const int np = k & ~31;
     float wf[2][LLE_ROWS_CHUNK] __attribute__((aligned(64)));
-    __m512 acc[LLE_GEMV_ROWS][2][2];
+    __m512 acc[LLE_GEMV_ROWS][4];
     for (int r = 0; r < n; r++)
-        for (int p = 0; p < P; p++) acc[r][p][0] = acc[r][p][1] = _mm512_setzero_ps();
+        for (int q = 0; q < 4; q++) acc[r][q] = _mm512_setzero_ps();
     for (int c0 = 0; c0 < np; c0 += LLE_ROWS_CHUNK) {
         const int len = np - c0 < LLE_ROWS_CHUNK ? np - c0 : LLE_ROWS_CHUNK;
-        for (int p = 0; p < P; p++)
-            for (int i = 0; i < len; i += 16) _mm512_store_ps(wf[p] + i, LD16B(x[p] + c0 + i));
+        for (int i = 0; i < len; i += 16) {
+            _mm512_store_ps(wf[0] + i, LD16B(x0 + c0 + i));
+            _mm512_store_ps(wf[1] + i, LD16B(x1 + c0 + i));
+        }
         for (int r = 0; r < n; r++) {
             const uint16_t *y = (const uint16_t *)((const uint8_t *)av + (size_t)r * as) + c0;
-            __m512 s[2][2];
-            for (int p = 0; p < P; p++) s[p][0] = acc[r][p][0], s[p][1] = acc[r][p][1];
-            for (int i = 0; i < len; i += 32)
-                for (int q = 0; q < 2; q++) {
-                    const __m512 yv = LD16B(y + i + 16 * q);
-                    for (int p = 0; p < P; p++) s[p][q] = _mm512_fmadd_ps(_mm512_load_ps(wf[p] + i + 16 * q), yv, s[p][q]);
-                }
-            for (int p = 0; p < P; p++) acc[r][p][0] = s[p][0], acc[r][p][1] = s[p][1];
+            __m512 a0 = acc[r][0], a1 = acc[r][1], b0 = acc[r][2], b1 = acc[r][3];
+            for (int i = 0; i < len; i += 32) {
+                __m512 yv = LD16B(y + i);
+                a0 = _mm512_fmadd_ps(_mm512_load_ps(wf[0] + i), yv, a0);
+                b0 = _mm512_fmadd_ps(_mm512_load_ps(wf[1] + i), yv, b0);
+                yv = LD16B(y + i + 16);
+                a1 = _mm512_fmadd_ps(_mm512_load_ps(wf[0] + i + 16), yv, a1);
+                b1 = _mm512_fmadd_ps(_mm512_load_ps(wf[1] + i + 16), yv, b1);
+            }
+            acc[r][0] = a0; acc[r][1] = a1; acc[r][2] = b0; acc[r][3] = b1;
         }
     }
-    for (int r = 0; r < n; r++)
-        for (int p = 0; p < P; p++)
-            out[(size_t)r * ldo + p] = finish_bf16(acc[r][p][0], acc[r][p][1], x[p],
-                                                   (const uint16_t *)((const uint8_t *)av + (size_t)r * as), np, k);
+    for (int r = 0; r < n; r++) {
+        const uint16_t *y = (const uint16_t *)((const uint8_t *)av + (size_t)r * as);
+        out[(size_t)r * ldo] = finish_bf16(acc[r][0], acc[r][1], x0, y, np, k);
+        if (two) out[(size_t)r * ldo + 1] = finish_bf16(acc[r][2], acc[r][3], x1, y, np, k);
+    }
 }
 
 LLE_INLINE void rows_bf16(int k, const void *w, size_t ws, int nr, const void *av, size_t as, const float *sc,
                           const int n, float *out, size_t ldo) {
     (void)sc;
-    int j = 0;
-    for (; j + 2 <= nr; j += 2) {
-        const uint16_t *x[2] = {(const uint16_t *)((const uint8_t *)w + (size_t)j * ws),
-                                (const uint16_t *)((const uint8_t *)w + (size_t)(j + 1) * ws)};
-        rows_bf16_p(k, x, 2, av, as, n, out + j, ldo);
-    }
-    if (j < nr) {
-        const uint16_t *x[2] = {(const uint16_t *)((const uint8_t *)w + (size_t)j * ws), NULL};
-        rows_bf16_p(k, x, 1, av, as, n, out + j, ldo);
+    for (int j = 0; j < nr; j += 2) {
+        const uint16_t *x0 = (const uint16_t *)((const uint8_t *)w + (size_t)j * ws);
+        const int two = j + 1 < nr;
+        rows_bf16_pair(k, x0, two ? (const uint16_t *)((const uint8_t *)x0 + ws) : x0, two, av, as, n, out + j, ldo);
     }
 }
 
