@@ -12,12 +12,10 @@ slow CPU products, so the greedy, chat, server and batching cases generate a few
 
 from __future__ import annotations
 
-import io
 import math
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -360,72 +358,19 @@ def test_after_a_context_shift_logits_equal_a_fresh_evaluation(smollm2_path: Pat
     assert (got.argmax(axis=1) == want.argmax(axis=1)).all()
 
 
-# ----------------------------------------------------------------------------- chat, server, batching
+# ----------------------------------------------------------------------------- show
+# Chat, the command line, the server and batching run with the mlx backend in the tests of their own
+# modules, parametrized over it (test_run_cli.py, test_server_batching.py).
 
 
-def test_cli_run_and_show_with_backend_mlx(smollm2_path: Path, model_paths, tmp_path: Path) -> None:
-    model = _mlx_model(model_paths, "smollm2")
-    want = "".join(c.text for c in model.generate("Say hi.", temperature=0, max_tokens=4)) + "\n"
+def test_show_says_what_each_tensor_became_with_backend_mlx(smollm2_path: Path, tmp_path: Path) -> None:
     env = {**os.environ, "LLMEDGE_MODELS": str(tmp_path / "store")}
-    r = subprocess.run([sys.executable, "-m", "llmedge.cli.main", "run", str(smollm2_path), "Say hi.",
-                        "--backend", "mlx", "--temperature", "0", "--num-predict", "4"],
-                       capture_output=True, text=True, env=env, timeout=300, stdin=subprocess.DEVNULL)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout == want
     r = subprocess.run([sys.executable, "-m", "llmedge.cli.main", "show", str(smollm2_path), "--backend", "mlx"],
                        capture_output=True, text=True, env=env, timeout=300, stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stderr
     assert "mlx (requested)" in r.stdout
     assert "Q4_1 -> affine q4 g32 (exact) x210, Q8_0 -> affine q8 g32 (exact) x1" in r.stdout
 
-
-def test_chat_session_answers_on_mlx(model_paths, tmp_path: Path) -> None:
-    from rich.console import Console
-
-    from llmedge.cli.chat import ChatSession
-
-    model = _mlx_model(model_paths, "smollm2")
-    out = io.StringIO()
-    s = ChatSession(model, Console(file=out, width=100, color_system=None), sessions=tmp_path / "s", out=out)
-    s.handle("/set parameter temperature 0")
-    s.handle("/set parameter num_predict 6")
-    s.handle("What is the capital of France?")
-    want = "".join(c.text for c in model.chat([{"role": "user", "content": "What is the capital of France?"}],
-                                              temperature=0, max_tokens=6))
-    assert want.strip() and want.strip() in out.getvalue()
-    assert [m["role"] for m in s.conversation()] == ["user", "assistant"]
-
-
-def test_server_batches_mlx_sequences_as_they_run_alone(model_paths, store_root: Path) -> None:  # noqa: F811
-    import httpx
-    from test_server_api import MODEL, running_server
-    from test_server_batching import metric
-
-    from llmedge.sampling import Sampler, SamplingOptions
-
-    prompts = ["The capital of France is", "def fibonacci(n):"]
-    with running_server(parallel=2, max_queue=4, backend="mlx") as base:
-        def ask(p: str) -> dict:
-            r = httpx.post(base + "/api/generate", timeout=300, json={
-                "model": MODEL, "prompt": p, "raw": True, "stream": False,
-                "options": {"temperature": 0, "num_predict": 6}})
-            assert r.status_code == 200, r.text
-            return r.json()
-
-        with ThreadPoolExecutor(2) as ex:
-            got = list(ex.map(ask, prompts))
-        batch = metric(base, "llmedge_engine_sequence_steps_total") / metric(base, "llmedge_engine_steps_total")
-    assert batch > 1.2, batch  # the two sequences were advanced together
-    m = _mlx_model(model_paths, "smollm2")
-    for prompt, r in zip(prompts, got):
-        m.engine.cache.clear()
-        m.engine.prefix_cache.clear()
-        ids = m.tokenize(prompt, add_bos=True, special=True)
-        want = [c.token for c in m.engine.generate(ids, Sampler(SamplingOptions(temperature=0)), 6)]
-        assert r["context"] == ids + want, prompt
-
-
-from test_server_api import store_root  # noqa: E402, F401  (fixture)
 
 # ----------------------------------------------------------------------------- the compiled decode step
 
