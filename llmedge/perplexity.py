@@ -60,11 +60,12 @@ def log_normalizers(logits: np.ndarray, rows_per_block: int = 32) -> np.ndarray:
 
 def perplexity(model, text: str, n_ctx: int = 512,
                on_chunk: Callable[[int, int, float], None] | None = None,
-               keep: Callable[[np.ndarray], None] | None = None) -> PerplexityResult:
+               keep: Callable[[np.ndarray], None] | None = None, n_chunks: int | None = None) -> PerplexityResult:
     """Perplexity of ``text`` under ``model`` (an :class:`llmedge.api.Model`); ``keep`` receives each
-    chunk's scored float32 logits."""
+    chunk's scored float32 logits; ``n_chunks``: the first that many chunks only (llama-perplexity's
+    ``--chunks``)."""
     ids = text_ids(model, text, n_ctx)
-    n_chunks = len(ids) // n_ctx
+    n_chunks = len(ids) // n_ctx if n_chunks is None else min(n_chunks, len(ids) // n_ctx)
     first = n_ctx // 2
     nll, count, chunk_ppls = 0.0, 0, []
     for c in range(n_chunks):

@@ -4,25 +4,25 @@ Oracles: ``llmedge.quant``'s NumPy dequantization (every exact mapping must dequ
 bit), float64 products of the dequantized weights, the NumPy reference backend's float ops, and
 llama.cpp's logits and greedy continuations of the two real models (the fixtures the other backends
 meet), held to the MLX issue's tolerances: MLX multiplies float32 activations where llama.cpp
-quantizes them to Q8, so agreement is close, not bitwise. MLX's CPU build is slow (its quantized
-product is a per-row loop, its BLAS the reference one), so the real-model cases are a few short
-prompts, and chat, server and batching run a few cheap cases with ``--backend mlx``.
+quantizes them to Q8, so agreement is close, not bitwise. On MLX's CPU build prompts run their
+products through NumPy (llmedge.backends.mlx_wide; checked against the MLX path here), so every
+logits case of the fixtures and the first half of the perplexity text run; decoding stays on MLX's
+slow CPU products, so the greedy, chat, server and batching cases generate a few tokens each.
 """
 
 from __future__ import annotations
 
-import io
+import math
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from backend_checks import assert_attention_matches_reference
-from conftest import load_fixture, skip_or_fail
+from conftest import FIXTURES, load_fixture, skip_or_fail
 from llmedge.backends import choose_backend
 from llmedge.backends.numpy_ref import NumpyBackend
 from llmedge.gguf import TensorInfo
@@ -51,7 +51,20 @@ F16_FIELDS = {
 
 @pytest.fixture(scope="module")
 def be() -> MlxBackend:
-    return MlxBackend()
+    """The MLX path for every step (on MLX's CPU device, wide steps would go through NumPy)."""
+    b = MlxBackend()
+    b.wide_rows = None
+    return b
+
+
+def wide_backend() -> MlxBackend:
+    """Every step through NumPy's BLAS, as wide steps on MLX's CPU device (llmedge.backends.mlx_wide)."""
+    b = MlxBackend()
+    b.wide_rows = 1
+    return b
+
+
+PATHS = ["mlx", "wide"]
 
 
 def make_tensor(raw: np.ndarray, t: T, m: int, k: int, name: str = "w") -> TensorInfo:
@@ -107,12 +120,15 @@ def test_weights_map_onto_mlx_exactly_where_the_math_is_exact(be: MlxBackend, t:
     assert be.weight_report()[f"w{t.name}"] == w.became
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("t", WEIGHT_TYPES, ids=lambda t: t.name)
-def test_matmul_matches_the_float64_product_of_the_dequantized_weights(be: MlxBackend, t: T) -> None:
+def test_matmul_matches_the_float64_product_of_the_dequantized_weights(be: MlxBackend, t: T, path: str) -> None:
+    """On MLX (``mx.quantized_matmul``) and through NumPy from the MLX form (wide steps)."""
     rng = np.random.default_rng(100 + int(t))
     k = 768 if traits(t).block_size == 256 else 352
     m = 33
     raw = random_weight(t, m, k, rng)
+    be = be if path == "mlx" else wide_backend()
     w = be.prepare(make_tensor(raw, t, m, k))
     wd = dequantize(raw, t, (m, k)).astype(np.float64)
     for n in (1, 7):
@@ -163,10 +179,11 @@ def test_rope_matches_reference_at_any_position(be: MlxBackend, neox: bool) -> N
         assert np.array_equal(out[..., 48:], x[..., 48:])
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("kv_dtype", [np.float16, np.float32], ids=["f16", "f32"])
-def test_attention_masks_gqa_window_softcap(be: MlxBackend, kv_dtype) -> None:
+def test_attention_masks_gqa_window_softcap(be: MlxBackend, kv_dtype, path: str) -> None:
     # the reference rounds q and p to f16 over an f16 cache, as ggml does; MLX stays in float32
-    assert_attention_matches_reference(be, kv_dtype, f16_prob_ulps=2)
+    assert_attention_matches_reference(be if path == "mlx" else wide_backend(), kv_dtype, f16_prob_ulps=2)
 
 
 @pytest.mark.parametrize("kind", ["silu", "gelu"])
@@ -196,7 +213,7 @@ def _mlx_model(paths: dict[str, Path], name: str):
     import llmedge
 
     if name not in _LOADED:
-        _LOADED[name] = llmedge.load(str(paths[name]), backend="mlx", n_ctx=1024)
+        _LOADED[name] = llmedge.load(str(paths[name]), backend="mlx", n_ctx=2048)
     return _LOADED[name]
 
 
@@ -206,28 +223,100 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
     return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
 
 
-# a few short prompts per model: MLX's CPU build evaluates prompts row by row
-LOGIT_CASES = {"smollm2": ["prose", "chat", "one_word"], "gemma3": ["prose", "chat", "one_word"]}
+# Measured on this CPU (agreement() over every case, margin 0.5): SmolLM2 no flip (322 positions),
+# median 0.033, p95 of the top 20 0.27, worst excess 1.05; Gemma 3 no flip (1,219 positions), median
+# 0.027, p95 0.36, worst excess 0.24 (its 1,194-token prompt). SmolLM2's worst excess is at position
+# 10 of "multilingual", the prediction after "Le train de nuit pour Vienne part à " whose last token
+# is a lone space: a flat distribution (llama.cpp's top token has p = 1.3%, margin 0.055) where
+# llama.cpp's own token-by-token path already moves that log-prob by 0.60 and flips its top-1
+# (own_flip). The MLX and wide paths agree there to 0.01 (-6.02 vs llama.cpp's -4.38); rounding the
+# activations to Q8 as llama.cpp does moves it a further 1.1 nats the other way: an ill-conditioned
+# position, not a path error. So the excess is reported, not held to the native backends' 0.35.
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_logits_agree_with_llamacpp(name: str, model_paths: dict[str, Path]) -> None:
+    """Every logits case of llama.cpp's fixtures (Gemma's long one past its 512-token sliding window),
+    held to the issue's bounds and to the p95 every backend meets."""
+    from test_conformance import agreement
+
+    a = agreement(_mlx_model(model_paths, name), load_fixture(f"llamacpp_{name}.json"), sure_margin=0.5)
+    assert a.checked > 300
+    assert a.flips == [], f"top-1 differs where llama.cpp's margin > 0.5: {a.flips}"
+    assert a.median_top <= 0.08, a
+    assert a.p95_top20 <= 0.45, a
+    if name == "gemma3":
+        assert a.longest > 1024  # past the sliding window
+
+
+def _forced(backend: MlxBackend, wide_rows: int | None, run):
+    saved, backend.wide_rows = backend.wide_rows, wide_rows
+    try:
+        return run()
+    finally:
+        backend.wide_rows = saved
 
 
 @pytest.mark.parametrize("name", ["smollm2", "gemma3"])
-def test_logits_agree_with_llamacpp(name: str, model_paths: dict[str, Path]) -> None:
-    model = _mlx_model(model_paths, name)
-    fx = load_fixture(f"llamacpp_{name}.json")
-    diffs, flips, checked = [], [], 0
-    for c in fx["logits"]:
-        if c["name"] not in LOGIT_CASES[name]:
-            continue
-        mine = log_softmax(model.logits(c["ids"]))
-        top_ids = np.asarray(c["top_ids"])
-        my_lp = np.take_along_axis(mine, top_ids, axis=1)
-        diffs.extend(np.abs(my_lp[:, 0] - np.asarray(c["top_logprobs"])[:, 0]))
-        sure = (np.asarray(c["margin"]) > 0.5) & ~np.asarray(c["own_flip"])
-        checked += int(sure.sum())
-        flips.extend((c["name"], int(i)) for i in np.nonzero(sure & (mine.argmax(axis=1) != top_ids[:, 0]))[0])
-    assert checked >= 18
-    assert flips == [], f"top-1 differs where llama.cpp's margin > 0.5: {flips}"
-    assert np.median(diffs) <= 0.08, np.median(diffs)
+def test_wide_steps_give_the_mlx_path_logits(name: str, model_paths: dict[str, Path]) -> None:
+    """A short prompt forced through MLX's products and through NumPy's (the wide path): the same
+    logits to float32 rounding (GELU's f16 table and the f16 cache turn the summation-order
+    differences into an occasional f16 ulp, as between the fused and op-by-op paths)."""
+    m = _mlx_model(model_paths, name)
+    ids = m.tokenize("The capital of France is Paris, and the capital of Italy is", add_bos=True)
+    assert len(ids) >= 12
+    mlx_path = _forced(m.model.backend, None, lambda: m.logits(ids))
+    wide = _forced(m.model.backend, 1, lambda: m.logits(ids))
+    np.testing.assert_allclose(wide, mlx_path, rtol=0, atol=2e-3 * np.abs(mlx_path).max())
+    assert (wide.argmax(axis=1) == mlx_path.argmax(axis=1)).all()
+
+
+def test_wide_steps_give_the_mlx_path_logits_for_every_family(tmp_path: Path) -> None:
+    """The same on the tiny families: the fused stack (GQA, soft-capping, Q/K norms, post-norms, the
+    sliding window) and the op-by-op path the others take (biases, fused tensors, RoPE factors).
+    Their f16 embeddings and heads differ by up to an f16 rounding of each logit: MLX's f16 product
+    returns f16, NumPy's (like ggml's) float32."""
+    import tiny_models as tm
+
+    from llmedge.gguf import GGUFFile
+    from llmedge.models import model_class
+    from llmedge.models.base import Batch
+
+    be = MlxBackend()
+    for name in tm.MODELS:
+        g = GGUFFile(tm.write(name, tmp_path / f"{name}.gguf"))
+        model = model_class(g.architecture)(g, be)
+        ids = np.asarray(tm.prompt_ids(name)[:24], dtype=np.int32)
+
+        def run(model=model, ids=ids) -> np.ndarray:
+            return model.forward(Batch(ids, np.arange(len(ids), dtype=np.int32), model.make_cache(64, "f32")))
+
+        mlx_path, wide = _forced(be, None, run), _forced(be, 1, run)
+        np.testing.assert_allclose(wide, mlx_path, rtol=0, atol=2e-3 * np.abs(mlx_path).max(), err_msg=name)
+        assert (wide.argmax(axis=1) == mlx_path.argmax(axis=1)).all(), name
+
+
+# The first 6 of the 12 chunks of 512 tokens: measured here, MLX's perplexity is below llama.cpp's
+# (float32 activations, where llama.cpp rounds them to Q8) by 0.62% (SmolLM2) and 0.78% (Gemma 3)
+# on the first chunk, 0.37% and 0.46% over 6 chunks, 0.42% and 0.32% over all 12 (96 s and 78 s of
+# single-threaded CPU for the 12, so half of that here).
+PPL_CHUNKS = 6
+
+
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_perplexity_within_one_percent_of_llamacpp(name: str, model_paths: dict[str, Path]) -> None:
+    """llama-perplexity's method over the first chunks of the text, against llama.cpp's per-chunk
+    log-likelihoods (fixtures/make_llamacpp_perplexity_chunks.py), which add up to its whole-text
+    perplexity in llamacpp_<model>.json."""
+    from llmedge.perplexity import perplexity
+
+    fx = load_fixture("llamacpp_perplexity_chunks.json")
+    nll, per_chunk = fx["models"][name]["chunk_nll"], fx["n_scored_per_chunk"]
+    whole = load_fixture(f"llamacpp_{name}.json")["perplexity"]
+    assert math.isclose(math.exp(sum(nll) / whole["n_scored"]), whole["ppl"], rel_tol=1e-6)
+    text = (FIXTURES / fx["text"]).read_text(encoding="utf-8")
+    r = perplexity(_mlx_model(model_paths, name), text, fx["n_ctx"], n_chunks=PPL_CHUNKS)
+    assert (r.n_chunks, r.n_scored) == (PPL_CHUNKS, PPL_CHUNKS * per_chunk)
+    want = math.exp(sum(nll[:PPL_CHUNKS]) / r.n_scored)
+    assert abs(r.ppl / want - 1) <= 0.01, (r.ppl, want)
 
 
 @pytest.mark.parametrize(("name", "case"), [("smollm2", "prose"), ("gemma3", "chat")])
@@ -269,72 +358,19 @@ def test_after_a_context_shift_logits_equal_a_fresh_evaluation(smollm2_path: Pat
     assert (got.argmax(axis=1) == want.argmax(axis=1)).all()
 
 
-# ----------------------------------------------------------------------------- chat, server, batching
+# ----------------------------------------------------------------------------- show
+# Chat, the command line, the server and batching run with the mlx backend in the tests of their own
+# modules, parametrized over it (test_run_cli.py, test_server_batching.py).
 
 
-def test_cli_run_and_show_with_backend_mlx(smollm2_path: Path, model_paths, tmp_path: Path) -> None:
-    model = _mlx_model(model_paths, "smollm2")
-    want = "".join(c.text for c in model.generate("Say hi.", temperature=0, max_tokens=4)) + "\n"
+def test_show_says_what_each_tensor_became_with_backend_mlx(smollm2_path: Path, tmp_path: Path) -> None:
     env = {**os.environ, "LLMEDGE_MODELS": str(tmp_path / "store")}
-    r = subprocess.run([sys.executable, "-m", "llmedge.cli.main", "run", str(smollm2_path), "Say hi.",
-                        "--backend", "mlx", "--temperature", "0", "--num-predict", "4"],
-                       capture_output=True, text=True, env=env, timeout=300, stdin=subprocess.DEVNULL)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout == want
     r = subprocess.run([sys.executable, "-m", "llmedge.cli.main", "show", str(smollm2_path), "--backend", "mlx"],
                        capture_output=True, text=True, env=env, timeout=300, stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stderr
     assert "mlx (requested)" in r.stdout
     assert "Q4_1 -> affine q4 g32 (exact) x210, Q8_0 -> affine q8 g32 (exact) x1" in r.stdout
 
-
-def test_chat_session_answers_on_mlx(model_paths, tmp_path: Path) -> None:
-    from rich.console import Console
-
-    from llmedge.cli.chat import ChatSession
-
-    model = _mlx_model(model_paths, "smollm2")
-    out = io.StringIO()
-    s = ChatSession(model, Console(file=out, width=100, color_system=None), sessions=tmp_path / "s", out=out)
-    s.handle("/set parameter temperature 0")
-    s.handle("/set parameter num_predict 6")
-    s.handle("What is the capital of France?")
-    want = "".join(c.text for c in model.chat([{"role": "user", "content": "What is the capital of France?"}],
-                                              temperature=0, max_tokens=6))
-    assert want.strip() and want.strip() in out.getvalue()
-    assert [m["role"] for m in s.conversation()] == ["user", "assistant"]
-
-
-def test_server_batches_mlx_sequences_as_they_run_alone(model_paths, store_root: Path) -> None:  # noqa: F811
-    import httpx
-    from test_server_api import MODEL, running_server
-    from test_server_batching import metric
-
-    from llmedge.sampling import Sampler, SamplingOptions
-
-    prompts = ["The capital of France is", "def fibonacci(n):"]
-    with running_server(parallel=2, max_queue=4, backend="mlx") as base:
-        def ask(p: str) -> dict:
-            r = httpx.post(base + "/api/generate", timeout=300, json={
-                "model": MODEL, "prompt": p, "raw": True, "stream": False,
-                "options": {"temperature": 0, "num_predict": 6}})
-            assert r.status_code == 200, r.text
-            return r.json()
-
-        with ThreadPoolExecutor(2) as ex:
-            got = list(ex.map(ask, prompts))
-        batch = metric(base, "llmedge_engine_sequence_steps_total") / metric(base, "llmedge_engine_steps_total")
-    assert batch > 1.2, batch  # the two sequences were advanced together
-    m = _mlx_model(model_paths, "smollm2")
-    for prompt, r in zip(prompts, got):
-        m.engine.cache.clear()
-        m.engine.prefix_cache.clear()
-        ids = m.tokenize(prompt, add_bos=True, special=True)
-        want = [c.token for c in m.engine.generate(ids, Sampler(SamplingOptions(temperature=0)), 6)]
-        assert r["context"] == ids + want, prompt
-
-
-from test_server_api import store_root  # noqa: E402, F401  (fixture)
 
 # ----------------------------------------------------------------------------- the compiled decode step
 

@@ -37,6 +37,22 @@ def model(smollm2_path: Path):
     return llmedge.load(str(smollm2_path), n_ctx=1024)
 
 
+_BY_BACKEND: dict[str, object] = {}
+
+
+@pytest.fixture(params=["native", "mlx"])
+def any_model(request, model, smollm2_path: Path):
+    """The model on the default backend, then on MLX (its CPU build here): a few cheap cases of the
+    command line and the chat run on both."""
+    import llmedge
+
+    if request.param == "native":
+        return model
+    if request.param not in _BY_BACKEND:
+        _BY_BACKEND[request.param] = llmedge.load(str(smollm2_path), n_ctx=1024, backend=request.param)
+    return _BY_BACKEND[request.param]
+
+
 def _session(model, tmp_path: Path, **kw) -> tuple[ChatSession, io.StringIO]:
     out = io.StringIO()
     return ChatSession(model, Console(file=out, width=100, color_system=None), sessions=tmp_path / "sessions",
@@ -54,10 +70,11 @@ def test_piped_prompt_prints_exactly_the_answer(smollm2_path: Path, model, tmp_p
     assert res.stderr == ""  # no spinner, no colours when nothing is a terminal
 
 
-def test_prompt_argument_and_verbose_timings(smollm2_path: Path, model, tmp_path: Path):
+def test_prompt_argument_and_verbose_timings(smollm2_path: Path, any_model, tmp_path: Path):
+    model = any_model
     want = "".join(c.text for c in model.generate("Say hi.", temperature=0, max_tokens=12)) + "\n"
-    res = _run([str(smollm2_path), "Say hi.", "--temperature", "0", "--num-predict", "12", "--verbose"],
-               tmp_path)
+    res = _run([str(smollm2_path), "Say hi.", "--temperature", "0", "--num-predict", "12", "--verbose",
+                "--backend", model.backend_name], tmp_path)
     assert res.returncode == 0, res.stderr
     assert res.stdout == want  # the timings do not go to stdout
     labels = [line.split(":")[0] for line in res.stderr.splitlines()]
@@ -144,29 +161,31 @@ def test_set_and_show_commands(model, tmp_path: Path):
     assert s.handle("/bye") is False and s.handle("/exit") is False
 
 
-def test_save_load_restores_the_conversation_and_the_next_turn_is_fast(smollm2_path: Path, model,
+def test_save_load_restores_the_conversation_and_the_next_turn_is_fast(smollm2_path: Path, any_model,
                                                                         tmp_path: Path):
     import llmedge
 
+    model, backend = any_model, any_model.backend_name
+    n = 16 if backend == "native" else 6  # MLX's CPU build decodes a few tokens a second
     s, out = _session(model, tmp_path)
     s.handle("/set parameter temperature 0")
-    s.handle("/set parameter num_predict 16")
+    s.handle(f"/set parameter num_predict {n}")
     s.handle("/set system Be brief.")
     assert s.ask("Name a fruit.") and s.ask("Name a vegetable.")
     s.handle("/save lunch")
     assert "Saved session 'lunch' (4 messages)" in out.getvalue()
     data = json.loads((tmp_path / "sessions" / "lunch.json").read_text())
     assert data["messages"] == s.messages and data["system"] == "Be brief."
-    assert data["parameters"] == {"num_predict": 16, "temperature": 0.0}
+    assert data["parameters"] == {"num_predict": n, "temperature": 0.0}
 
     assert data["state"] == "lunch.state" and (tmp_path / "sessions" / "lunch.state").is_file()
 
     # A fresh model: the KV state comes back with the conversation, the next turn evaluates only itself.
-    fresh = llmedge.load(str(smollm2_path), n_ctx=1024)
+    fresh = llmedge.load(str(smollm2_path), n_ctx=1024, backend=backend)
     s2, out2 = _session(fresh, tmp_path)
     s2.handle("/load lunch")
     text = out2.getvalue()
-    assert s2.messages == s.messages and s2.system == "Be brief." and s2.params["num_predict"] == 16
+    assert s2.messages == s.messages and s2.system == "Be brief." and s2.params["num_predict"] == n
     assert ">>> Name a fruit.\n" in text and "Loaded session 'lunch' (4 messages; KV state restored)" in text
     history = len(fresh.template.encode(s2.conversation(), add_generation_prompt=False))
     assert s2.ask("And a drink?")
@@ -175,7 +194,7 @@ def test_save_load_restores_the_conversation_and_the_next_turn_is_fast(smollm2_p
     # A damaged state file: refused in one line, the history is evaluated instead; still fast after.
     state = tmp_path / "sessions" / "lunch.state"
     state.write_bytes(state.read_bytes()[:1000])
-    other = llmedge.load(str(smollm2_path), n_ctx=1024)
+    other = llmedge.load(str(smollm2_path), n_ctx=1024, backend=backend)
     s3, out3 = _session(other, tmp_path)
     s3.handle("/load lunch")
     text = out3.getvalue()
@@ -207,10 +226,11 @@ def test_old_messages_left_out_when_the_context_is_full(model, tmp_path: Path):
     assert ids == model.template.encode(s.messages[dropped:])
 
 
-def test_num_ctx_reloads_the_model(model, tmp_path: Path):
+def test_num_ctx_reloads_the_model(any_model, tmp_path: Path):
+    model = any_model
     s, out = _session(model, tmp_path)
     s.handle("/set parameter num_ctx 512")
-    assert s.model is not model and s.model.n_ctx == 512
+    assert s.model is not model and s.model.n_ctx == 512 and s.model.backend_name == model.backend_name
     assert "Set parameter 'num_ctx' to '512'" in out.getvalue()
 
 

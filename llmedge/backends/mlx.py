@@ -12,6 +12,11 @@ step's results back. Prompts and q8_0 caches run two compiled functions per laye
 attention) with one evaluation per layer. Either way the KV cache stays llmedge's (its ring, shift,
 trim, state and q8_0 cells stay one implementation for every backend).
 
+On MLX's CPU device (its Linux build), a step of at least ``WIDE_ROWS`` rows (a prompt) runs the
+same layer functions with their products and attention in float32 through NumPy's BLAS, on the very
+values of the MLX-form weights (:mod:`llmedge.backends.mlx_wide` says why and what it costs); decode
+steps, short steps and everything on the GPU stay on MLX.
+
 Unlike llama.cpp, which quantizes activations to Q8 for its products, MLX computes in float32: the
 agreement with llama.cpp is held to tolerances, not bit-exactness.
 """
@@ -25,6 +30,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from llmedge.backends import mlx_wide
 from llmedge.backends.base import GluKind, as_f32c
 from llmedge.backends.mlx_quant import GROUP, MAPPINGS, REQUANTIZED, affine_rows
 from llmedge.gguf import TensorInfo
@@ -140,6 +146,8 @@ class MlxBackend:
         self.device = device_name()
         self.isa = f"device {self.device} (mlx {mx.__version__})"  # what bench reports
         self.fallback = {**REQUANTIZED, **(fallback or {})}
+        # steps of this many rows or more multiply through NumPy's BLAS (llmedge.backends.mlx_wide)
+        self.wide_rows: int | None = mlx_wide.WIDE_ROWS if self.device == "cpu" else None
         self._prepared: dict[tuple[Any, ...], tuple[Any, MlxWeight]] = {}
 
     # -- weights -----------------------------------------------------------------------------------
@@ -166,6 +174,10 @@ class MlxBackend:
             return _affine_weight(tensor, m, k)
         return _fallback_weight(tensor, m, k, self.fallback.get(t, "q8"))
 
+    def wide(self, n_rows: int) -> bool:
+        """Whether a step of ``n_rows`` rows runs its products and attention through NumPy."""
+        return self.wide_rows is not None and n_rows >= self.wide_rows
+
     def weight_report(self) -> dict[str, str]:
         """Per prepared tensor name, what it became (``llmedge show``)."""
         return {w.name: w.became for _, w in self._prepared.values()}
@@ -175,6 +187,8 @@ class MlxBackend:
         head = getattr(self, "_head", None)
         if head is not None and w is head.output and _same(x, head.normed):
             return head.logits.copy()
+        if self.wide(x.shape[0]):
+            return mlx_wide.matmul(as_f32c(x), w)
         return _np(w.matmul(mx.array(as_f32c(x))))
 
     def get_rows(self, w: MlxWeight, ids: np.ndarray) -> np.ndarray:
@@ -208,7 +222,10 @@ class MlxBackend:
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.ndarray,
                   k_pos: np.ndarray, scale: float, window: int | None = None,
                   softcap: float | None = None) -> np.ndarray:
-        mask = mx.array(visible(np.asarray(q_pos), np.asarray(k_pos), window))
+        mask = visible(np.asarray(q_pos), np.asarray(k_pos), window)
+        if self.wide(len(q)):
+            return mlx_wide.attention(as_f32c(q), np.asarray(k), np.asarray(v), mask, scale, softcap)
+        mask = mx.array(mask)
         return _np(attention(mx.array(as_f32c(q)), mx.array(k), mx.array(v), mask, scale, softcap))
 
     def glu(self, gate: np.ndarray, up: np.ndarray, kind: GluKind) -> np.ndarray:
@@ -237,7 +254,7 @@ class MlxBackend:
         if plan.decodes(step):
             x[...], self._head = plan.decode(x, step)
         else:
-            x[...] = _np(plan.run(mx.array(x), step))
+            x[...] = _np(plan.run(mx.array(x), step, self.wide(step.n_rows)))
         return True
 
 
@@ -333,22 +350,25 @@ class _Stack:
         self.eps = float(model.params.eps)
         self.glu_kind = model.glu_kind
         self.layers = list(zip(model.layers, model.specs))
-        self._pre = [self._pre_fn(w, s) for w, s in self.layers]
-        self._post = [self._post_fn(w) for w, _ in self.layers]
+        self._pre = [self._pre_fn(w, s, _mlx_product) for w, s in self.layers]
+        self._post = [self._post_fn(w, _mlx_product) for w, _ in self.layers]
         self.pre = [mx.compile(f) for f in self._pre]
         self.post = [mx.compile(f) for f in self._post]
+        # wide steps on the CPU device: the same functions with NumPy's products, not compiled
+        self.wide_pre = [self._pre_fn(w, s, _numpy_product) for w, s in self.layers]
+        self.wide_post = [self._post_fn(w, _numpy_product) for w, _ in self.layers]
         self.norm, self.output = model.output_norm, model.output
         self._decode = mx.compile(self._decode_fn) if isinstance(self.output, MlxWeight) else None
 
-    def _pre_fn(self, w: dict[str, Any], spec: Any):
+    def _pre_fn(self, w: dict[str, Any], spec: Any, product: Any):
         eps = self.eps
 
         def pre(x: mx.array, pos: mx.array) -> tuple[mx.array, mx.array, mx.array]:
             n = x.shape[0]
             h = mx.fast.rms_norm(x, w["attn_norm"], eps)
-            q = w["attn_q"].matmul(h).reshape(n, spec.n_head, spec.head_dim)
-            k = w["attn_k"].matmul(h).reshape(n, spec.n_kv_head, spec.head_dim)
-            v = w["attn_v"].matmul(h).reshape(n, spec.n_kv_head, -1)
+            q = product(w["attn_q"], h).reshape(n, spec.n_head, spec.head_dim)
+            k = product(w["attn_k"], h).reshape(n, spec.n_kv_head, spec.head_dim)
+            v = product(w["attn_v"], h).reshape(n, spec.n_kv_head, -1)
             if "attn_q_norm" in w:
                 q = mx.fast.rms_norm(q, w["attn_q_norm"], eps)
                 k = mx.fast.rms_norm(k, w["attn_k_norm"], eps)
@@ -360,29 +380,32 @@ class _Stack:
 
         return pre
 
-    def _post_fn(self, w: dict[str, Any]):
+    def _post_fn(self, w: dict[str, Any], product: Any):
         eps, kind = self.eps, self.glu_kind
 
         def post(x: mx.array, o: mx.array) -> mx.array:
-            h = w["attn_output"].matmul(o.reshape(x.shape[0], -1))
+            h = product(w["attn_output"], o.reshape(x.shape[0], -1))
             if "post_attention_norm" in w:
                 h = mx.fast.rms_norm(h, w["post_attention_norm"], eps)
             x = x + h
             h = mx.fast.rms_norm(x, w["ffn_norm"], eps)
-            h = w["ffn_down"].matmul(glu(w["ffn_gate"].matmul(h), w["ffn_up"].matmul(h), kind))
+            h = product(w["ffn_down"], glu(product(w["ffn_gate"], h), product(w["ffn_up"], h), kind))
             if "post_ffw_norm" in w:
                 h = mx.fast.rms_norm(h, w["post_ffw_norm"], eps)
             return x + h
 
         return post
 
-    def run(self, x: mx.array, step: Any) -> mx.array:
+    def run(self, x: mx.array, step: Any, wide: bool = False) -> mx.array:
+        """A step that is not a compiled decode step, layer by layer; ``wide``: the products and
+        attention through NumPy (:mod:`llmedge.backends.mlx_wide`)."""
         positions = np.asarray(step.positions)
         pos = mx.array(positions.astype(np.int32))
+        pre, post = (self.wide_pre, self.wide_post) if wide else (self.pre, self.post)
         for il, (_, spec) in enumerate(self.layers):
-            q, k, v = self.pre[il](x, pos)
+            q, k, v = pre[il](x, pos)
             mx.eval(q, k, v)
-            k_np, v_np = np.asarray(k), np.asarray(v)
+            q_np, k_np, v_np = np.asarray(q), np.asarray(k), np.asarray(v)
             parts = []
             for (s, e), b in zip(step.bounds, step.batches):
                 layer = b.cache.layers[il]
@@ -391,10 +414,14 @@ class _Stack:
 
                     layer.rope = cache_rope(spec, None)
                 k_all, v_all, k_pos = layer.update_and_fetch(k_np[s:e], v_np[s:e], positions[s:e])
-                mask = mx.array(visible(positions[s:e], k_pos, spec.window))
-                parts.append(attention(q[s:e], mx.array(k_all), mx.array(v_all), mask, spec.scale, spec.softcap))
+                mask = visible(positions[s:e], k_pos, spec.window)
+                if wide:
+                    parts.append(mx.array(mlx_wide.attention(q_np[s:e], k_all, v_all, mask, spec.scale, spec.softcap)))
+                else:
+                    parts.append(attention(q[s:e], mx.array(k_all), mx.array(v_all), mx.array(mask), spec.scale,
+                                           spec.softcap))
             o = parts[0] if len(parts) == 1 else mx.concatenate(parts)
-            x = self.post[il](x, o)
+            x = post[il](x, o)
         return x
 
     # -- one decode step: every layer and the head in one compiled function, one evaluation ---------
@@ -465,6 +492,14 @@ class _Stack:
         else:
             x_rows = x_out
         return x_out, _Head(self.norm, self.eps, self.output, x_rows, h_np, logits_np)
+
+
+def _mlx_product(w: MlxWeight, x: mx.array) -> mx.array:
+    return w.matmul(x)
+
+
+def _numpy_product(w: MlxWeight, x: mx.array) -> mx.array:
+    return mx.array(mlx_wide.matmul(np.asarray(x), w))
 
 
 _CACHE_DTYPES = {"f16": mx.float16, "f32": mx.float32}

@@ -125,6 +125,41 @@ def pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
     return np.ascontiguousarray(word.view(np.uint8).reshape(rows, k // 8, 8)[..., :bits]).reshape(rows, -1).view(np.uint32)
 
 
+def unpack_codes(words: np.ndarray, bits: int, k: int) -> np.ndarray:
+    """The inverse of :func:`pack_codes`: packed uint32 words [rows, k * bits / 32] as uint8 codes [rows, k]."""
+    rows = words.shape[0]
+    b = np.ascontiguousarray(words).view(np.uint8).reshape(rows, -1)
+    if bits == 8:
+        return b
+    if bits == 4:
+        codes = np.empty((rows, k), np.uint8)
+        codes[:, 0::2] = b & 0x0F
+        codes[:, 1::2] = b >> 4
+        return codes
+    by = b.reshape(rows, k // 8, bits)  # 8 codes fill ``bits`` bytes
+    codes = np.empty((rows, k // 8, 8), np.uint8)
+    for i in range(8):  # code i: ``bits`` bits from bit bits*i, inside the 16 bits of bytes j, j + 1
+        j, at = divmod(bits * i, 8)
+        word = by[..., j].astype(np.uint16)
+        if at + bits > 8:
+            word |= by[..., j + 1].astype(np.uint16) << 8
+        codes[..., i] = (word >> at) & ((1 << bits) - 1)
+    return codes.reshape(rows, k)
+
+
+def dequantize_affine(words: np.ndarray, scales: np.ndarray, biases: np.ndarray, bits: int,
+                      mins: np.ndarray | None = None) -> np.ndarray:
+    """MLX affine rows as float32 [rows, k]: ``scale * code + bias`` per group of 32, minus Q2_K's
+    per-16 ``mins``; the values ``mx.dequantize`` gives (and ``mx.quantized_matmul`` multiplies by)."""
+    rows, groups = scales.shape
+    w = unpack_codes(words, bits, groups * GROUP).reshape(rows, groups, GROUP).astype(np.float32)
+    w *= scales[..., None]
+    w += biases[..., None]
+    if mins is not None:
+        w.reshape(rows, -1, 16)[...] -= mins[..., None]
+    return w.reshape(rows, groups * GROUP)
+
+
 def affine_rows(raw: np.ndarray, t: T, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
     """Rows of raw blocks [rows, row_bytes] of type ``t`` as (packed codes, scales, biases, mins):
     scales and biases float32 [rows, k / 32], ``mins`` (Q2_K only) float32 [rows, k / 16]."""
