@@ -127,6 +127,13 @@ LLE_INLINE lle_half lle_fp32_to_fp16(float f) {
 
 LLE_INLINE float lle_bf16_to_fp32(uint16_t h) { return lle_f32_from_bits((uint32_t)h << 16); }
 
+/* the end of every x86 tier's vec_dot_bf16: the vector sum `sumf`, then the values past the last
+ * full 32 (from `from` to n) one by one in double */
+LLE_INLINE float lle_bf16_dot_finish(double sumf, const uint16_t *x, const uint16_t *y, int from, int n) {
+    for (int i = from; i < n; i++) sumf += (double)(lle_bf16_to_fp32(x[i]) * lle_bf16_to_fp32(y[i]));
+    return (float)sumf;
+}
+
 LLE_INLINE uint16_t lle_fp32_to_bf16(float s) {
     const uint32_t i = lle_f32_to_bits(s);
     if ((i & 0x7fffffff) > 0x7f800000) return (uint16_t)((i >> 16) | 64);

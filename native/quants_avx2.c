@@ -284,10 +284,8 @@ LLE_INLINE float finish_f16(const __m256 *c, const lle_half *x, const lle_half *
 }
 
 LLE_INLINE float finish_bf16(const __m256 *c, const uint16_t *x, const uint16_t *y, int np, int n) {
-    double sumf = 0;
-    sumf += (double)hsum_float_8(_mm256_add_ps(_mm256_add_ps(c[0], c[2]), _mm256_add_ps(c[1], c[3])));
-    for (int i = np; i < n; i++) sumf += (double)(lle_bf16_to_fp32(x[i]) * lle_bf16_to_fp32(y[i]));
-    return (float)sumf;
+    return lle_bf16_dot_finish((double)hsum_float_8(_mm256_add_ps(_mm256_add_ps(c[0], c[2]), _mm256_add_ps(c[1], c[3]))),
+                               x, y, np, n);
 }
 
 #define VEC_DOT_HALF(NAME, T, LOAD)                                                                       \

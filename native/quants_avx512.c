@@ -708,9 +708,7 @@ LLE_INLINE float finish_f16(__m512 a, __m512 b, const lle_half *x, const lle_hal
 }
 
 LLE_INLINE float finish_bf16(__m512 a, __m512 b, const uint16_t *x, const uint16_t *y, int np, int n) {
-    double sumf = (double)hsum_float_8(fold_4x8(a, b));
-    for (int i = np; i < n; i++) sumf += (double)(lle_bf16_to_fp32(x[i]) * lle_bf16_to_fp32(y[i]));
-    return (float)sumf;
+    return lle_bf16_dot_finish((double)hsum_float_8(fold_4x8(a, b)), x, y, np, n);
 }
 
 #define VEC_DOT_HALF(NAME, T, LOAD)                                                                       \
