@@ -82,9 +82,12 @@ class Model:
         return with_defaults(self.defaults, messages)
 
     # -- evaluation ------------------------------------------------------------------------------
-    def logits(self, ids: Sequence[int]) -> np.ndarray:
-        """float32 [len(ids), n_vocab]: the logits at every position, in a fresh context."""
-        return self.engine.logits([int(t) for t in ids])
+    def logits(self, ids: Sequence[int], first_row: int = 0) -> np.ndarray:
+        """float32 [len(ids) - first_row, n_vocab]: the logits at every position from ``first_row``
+        on (default: all), in a fresh context. The earlier positions are evaluated but skip the
+        output head, which is most of a prompt's work on large vocabularies (perplexity scores only
+        the second half of each chunk)."""
+        return self.engine.logits([int(t) for t in ids], first_row=first_row)
 
     def generate(self, prompt: str | Sequence[int], raw: bool = False, max_tokens: int = 128,
                  stop: Sequence[str] = (), shift: bool = True, **options: Any) -> Iterator[Chunk]:

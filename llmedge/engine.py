@@ -407,34 +407,45 @@ class Engine:
         }
 
     # -- evaluation ------------------------------------------------------------------------------
-    def forward(self, cache: SequenceCache, ids: Sequence[int], all_logits: bool = False) -> np.ndarray:
-        """Evaluate ``ids`` after what ``cache`` holds; logits of every row or of the last one only."""
+    def forward(self, cache: SequenceCache, ids: Sequence[int], all_logits: bool = False,
+                first_row: int = 0) -> np.ndarray:
+        """Evaluate ``ids`` after what ``cache`` holds; logits of every row from ``first_row`` on
+        (``all_logits``) or of the last one only. Rows before ``first_row`` still extend the cache,
+        but the output head (a large share of a prompt's work on big vocabularies) skips them."""
         n_vocab = self.model.params.n_vocab
         for t in ids:
             if not 0 <= t < n_vocab:
                 raise LlmedgeError(f"token id {t} is out of range for a vocabulary of {n_vocab}")
+        if all_logits and ids and not 0 <= first_row < len(ids):
+            raise LlmedgeError(f"first_row {first_row} is outside the {len(ids)} positions evaluated")
+        first_row = first_row if all_logits else 0
         # every row's logits are written into one array as the chunks come (no second copy at the end)
-        out = np.empty((len(ids) if all_logits else min(len(ids), 1), n_vocab), dtype=np.float32)
+        out = np.empty((len(ids) - first_row if all_logits else min(len(ids), 1), n_vocab), dtype=np.float32)
         for start in range(0, len(ids), self.n_batch):
             chunk = np.asarray(ids[start : start + self.n_batch], dtype=np.int64)
             pos = np.arange(cache.offset, cache.offset + len(chunk), dtype=np.int64)
             last_chunk = start + self.n_batch >= len(ids)
-            rows = None if all_logits else np.array([len(chunk) - 1])
+            skip = first_row - start  # rows of this chunk before first_row
+            if not all_logits or skip >= len(chunk):
+                rows = np.array([len(chunk) - 1])
+            else:
+                rows = None if skip <= 0 else np.arange(skip, len(chunk))
             logits = self.model.forward(Batch(chunk, pos, cache, rows))
             cache.tokens.extend(int(t) for t in chunk)
             self.n_evaluated += len(chunk)
-            if all_logits:
-                out[start : start + len(chunk)] = logits
-            elif last_chunk:
+            if all_logits and skip < len(chunk):
+                out[max(start - first_row, 0) : start + len(chunk) - first_row] = logits
+            elif not all_logits and last_chunk:
                 out[:] = logits
         return out
 
-    def logits(self, ids: Sequence[int]) -> np.ndarray:
-        """Logits at every position of ``ids`` in a fresh context (nothing cached is reused)."""
+    def logits(self, ids: Sequence[int], first_row: int = 0) -> np.ndarray:
+        """Logits at every position of ``ids`` from ``first_row`` on, in a fresh context (nothing
+        cached is reused)."""
         if not ids:
             return np.empty((0, self.model.params.n_vocab), dtype=np.float32)
         cache = self.new_cache(max(len(ids), 1))
-        return self.forward(cache, ids, all_logits=True)
+        return self.forward(cache, ids, all_logits=True, first_row=first_row)
 
     def prefill(self, ids: Sequence[int]) -> tuple[np.ndarray, int]:
         """Bring the engine's sequence to ``ids``, evaluating only what no cache holds.

@@ -44,7 +44,7 @@ def scored_logits(model, chunk: list[int]) -> np.ndarray:
     tok, n_ctx = model.tokenizer, len(chunk)
     if tok.add_bos and tok.bos_id is not None:
         chunk = [tok.bos_id] + list(chunk[1:])
-    return model.logits(chunk)[n_ctx // 2 : n_ctx - 1]
+    return model.logits(chunk, first_row=n_ctx // 2)[: n_ctx - 1 - n_ctx // 2]
 
 
 def log_normalizers(logits: np.ndarray, rows_per_block: int = 32) -> np.ndarray:

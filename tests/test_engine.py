@@ -132,6 +132,23 @@ def test_after_a_shift_logits_are_within_the_foundation_tolerances(fast_models, 
 
 
 @pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_logits_from_a_first_row_equal_those_rows_of_all_logits(fast_models, name: str) -> None:
+    m = fast_models[name]
+    ids = text_ids(m, 0, 80)
+    whole = m.logits(ids)
+    assert np.array_equal(m.logits(ids, first_row=37), whole[37:])
+    n_batch = m.engine.n_batch
+    try:  # chunks before, across and after the first row
+        m.engine.n_batch = 16
+        assert np.array_equal(m.logits(ids, first_row=37), whole[37:])
+        assert np.array_equal(m.logits(ids, first_row=48), whole[48:])
+    finally:
+        m.engine.n_batch = n_batch
+    with pytest.raises(LlmedgeError, match=f"first_row {len(ids)} is outside"):
+        m.logits(ids, first_row=len(ids))
+
+
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
 def test_generate_runs_2000_tokens_through_a_512_token_context(fast_models, name: str) -> None:
     m = fast_models[name]
     e = m.engine
