@@ -32,7 +32,7 @@ The package is split by concern: :mod:`.common` (compile cache set-up, type ids)
 drivers and row gather), :mod:`.ops` (float ops) and :mod:`.backend` (the backend class).
 
 Compiled kernels are cached on disk: in ``$NUMBA_CACHE_DIR`` when set, else in
-``<user cache>/llmedge/numba``. :meth:`NumbaBackend.warmup` compiles (or loads) every kernel once
+``<user cache>/llmedge/numba/<digest of the backend's sources>``. :meth:`NumbaBackend.warmup` compiles (or loads) every kernel once
 and :attr:`NumbaBackend.compile_seconds` says how long that took.
 """
 

@@ -1,5 +1,5 @@
 """Shared set-up of the Numba backend: the on-disk compile cache (``$NUMBA_CACHE_DIR`` or
-``<user cache>/llmedge/numba``, set before numba is imported), the GGML type ids as plain ints,
+``<user cache>/llmedge/numba/<digest of these sources>``, set before numba is imported), the GGML type ids as plain ints,
 the weight types the backend supports, and the IQ4 value table."""
 
 from __future__ import annotations
@@ -9,6 +9,21 @@ import os
 import numpy as np
 
 
+def _sources_key() -> str:
+    """A digest of this package's source files (names, sizes, modification times). Numba checks a
+    cached kernel against its own file only, so a kernel inlining an edited function from another
+    file would load stale; a directory per state of the sources rules that out."""
+    import hashlib
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    h = hashlib.sha256()
+    for name in sorted(os.listdir(here)):
+        if name.endswith(".py"):
+            st = os.stat(os.path.join(here, name))
+            h.update(f"{name}:{st.st_size}:{st.st_mtime_ns};".encode())
+    return h.hexdigest()[:16]
+
+
 def _cache_dir() -> str:
     try:
         import platformdirs
@@ -16,11 +31,31 @@ def _cache_dir() -> str:
         root = platformdirs.user_cache_dir("llmedge")
     except ImportError:  # pragma: no cover - platformdirs is a dependency
         root = os.path.join(os.path.expanduser("~"), ".cache", "llmedge")
-    return os.path.join(root, "numba")
+    return os.path.join(root, "numba", _sources_key())
+
+
+def _prune_stale_caches(current: str, days: float = 14.0) -> None:
+    """Mark ``current`` used now and delete sibling digest folders unused for ``days`` (earlier
+    versions' kernels, about 30 MB each)."""
+    import shutil
+    import time
+
+    try:
+        os.makedirs(current, exist_ok=True)
+        os.utime(current)
+        parent = os.path.dirname(current)
+        for name in os.listdir(parent):
+            path = os.path.join(parent, name)
+            if (len(name) == 16 and all(c in "0123456789abcdef" for c in name) and path != current
+                    and os.path.isdir(path) and time.time() - os.stat(path).st_mtime > days * 86400):
+                shutil.rmtree(path, ignore_errors=True)
+    except OSError:  # a read-only or vanished cache folder only costs compile time
+        pass
 
 
 if not os.environ.get("NUMBA_CACHE_DIR"):
     os.environ["NUMBA_CACHE_DIR"] = _cache_dir()
+    _prune_stale_caches(os.environ["NUMBA_CACHE_DIR"])
 
 import numba  # noqa: E402
 

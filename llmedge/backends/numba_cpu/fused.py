@@ -36,6 +36,8 @@ from llmedge.backends.numba_cpu.intrinsics import _f2h
 from llmedge.backends.numba_cpu.matrix import _mm_q4_k, _mm_q8_0, _mm_q8_1, _mm_q8_k
 from llmedge.backends.numba_cpu.ops import _attention, _glu_ser, _rms_norm_rows, _rope_ser
 
+TEAM_MAX_ROWS = 3  # steps of at most this many rows run as one team region (team.py)
+
 _WEIGHTS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 _NORMS = ("attn_norm", "attn_q_norm", "attn_k_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm")
 _EMPTY = np.zeros(1, np.float32)
@@ -248,8 +250,41 @@ def decoder_layers(be: Any, model: Any, x: np.ndarray, step: Any) -> bool:
     from llmedge.backends.numba_cpu.backend import _gelu_table
 
     be._set_threads()
+    n = x.shape[0]
+    if n <= TEAM_MAX_ROWS and not _team_failed:
+        return _run_team(be.n_threads, plan, x, pos, ffa, ff is not None, kv, res)
     _decoder_layers(x, pos, plan.ip, plan.fp, plan.wa, plan.wshape, plan.wt, plan.na, plan.nn, ffa, ff is not None,
                     kv[1], kv[2], kv[3], kv[4], res, _gelu_table())
+    return True
+
+
+_team_failed = False
+
+
+def _run_team(nth: int, plan: StackPlan, x: np.ndarray, pos: np.ndarray, ffa: np.ndarray, has_ff: bool,
+              kv: Any, res: np.ndarray) -> bool:
+    """The step's layers as one team region (team.py); False, and no team again in this process, when
+    a member never came (the caller then runs the step op by op)."""
+    global _team_failed
+    from llmedge.backends.numba_cpu.backend import _gelu_table
+    from llmedge.backends.numba_cpu.team import _team_layers
+
+    n, d = x.shape
+    ip = plan.ip
+    nq, nk, nff = int((ip[:, 0] * ip[:, 2]).max()), int((ip[:, 1] * ip[:, 2]).max()), int(ip[:, 3].max())
+    sync = np.zeros(2, np.int64)
+    f = np.empty
+    _team_layers(nth, sync, 0, x, pos, ip, plan.fp, plan.wa, plan.wshape, plan.wt, plan.na, plan.nn, ffa, has_ff,
+                 kv[1], kv[2], kv[3], kv[4], res, _gelu_table(), f(n * nq, np.float32), f(n * nk, np.float32),
+                 f(n * nk, np.float32), f(n * nq, np.float32), f((n, d), np.float32), f(n * nff, np.float32),
+                 f(n * nff, np.float32))
+    if sync[1]:
+        import warnings
+
+        _team_failed = True
+        warnings.warn("numba: the decode team's threads did not all start; decoding with a region per op",
+                      RuntimeWarning, stacklevel=2)
+        return False
     return True
 
 

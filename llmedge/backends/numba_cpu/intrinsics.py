@@ -619,3 +619,79 @@ def _v_expf(x):
     if an > F32(192.0):
         return s1 * s1
     return _fma(s2, j, s2) * s1
+
+
+# ---------------------------------------------------------------------------------------------
+# attention inner loops over a KV row (F16 bits or float32), as vectors: the same lanes, the same
+# fused multiply-adds in the same order as the scalar loops they replace (F16 widened by fpext)
+
+
+def _load_row_f(builder, ptr, is_half, n):
+    """<n x float> from ``ptr`` (i16 F16 bits or float)."""
+    if is_half:
+        h = builder.load(builder.bitcast(ptr, _vt(ir.HalfType(), n).as_pointer()), align=2)
+        return builder.fpext(h, _vt(_FLT, n))
+    return builder.load(builder.bitcast(ptr, _vt(_FLT, n).as_pointer()), align=4)
+
+
+def _make_lanes_fma(nl):
+    """lanes[l] = sum over chunks c of src[off + c*nl + l] * q[c*nl + l], one fused multiply-add per
+    chunk and lane from zero (the scalar ``lanes[e % nl] = fma(src[off + e], q[e], lanes[e % nl])``
+    over e < n, n a multiple of nl)."""
+
+    @intrinsic
+    def lanes_fma(typingctx, src, off, q, n, lanes):
+        sig = types.void(src, types.intp, q, types.intp, lanes)
+        is_half = src.dtype == types.uint16
+
+        def codegen(context, builder, signature, args):
+            sp = context.make_array(signature.args[0])(context, builder, args[0]).data
+            qp = context.make_array(signature.args[2])(context, builder, args[2]).data
+            lp = context.make_array(signature.args[4])(context, builder, args[4]).data
+            vt = _vt(_FLT, nl)
+            acc_p = cgutils.alloca_once_value(builder, ir.Constant(vt, [0.0] * nl))
+            step = ir.Constant(args[1].type, nl)
+            with cgutils.for_range(builder, builder.sdiv(args[3], step)) as loop:
+                e = builder.mul(loop.index, step)
+                kv = _load_row_f(builder, builder.gep(sp, [builder.add(args[1], e)]), is_half, nl)
+                qv = builder.load(builder.bitcast(builder.gep(qp, [e]), vt.as_pointer()), align=4)
+                builder.store(_ir_fma(builder, kv, qv, builder.load(acc_p)), acc_p)
+            builder.store(builder.load(acc_p), builder.bitcast(lp, vt.as_pointer()), align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return lanes_fma
+
+
+_lanes_fma8 = _make_lanes_fma(8)
+_lanes_fma32 = _make_lanes_fma(32)
+
+
+@intrinsic
+def _axpy_row(typingctx, src, off, p, acc, aoff, n):
+    """acc[aoff + e] = fma(src[off + e], p, acc[aoff + e]) for e < n (src F16 bits or float32)."""
+    sig = types.void(src, types.intp, types.float32, acc, types.intp, types.intp)
+    is_half = src.dtype == types.uint16
+
+    def codegen(context, builder, signature, args):
+        sp = context.make_array(signature.args[0])(context, builder, args[0]).data
+        ap = context.make_array(signature.args[3])(context, builder, args[3]).data
+        vt = _vt(_FLT, 8)
+        pv = _ir_splat_f(builder, args[2], 8)
+        eight = ir.Constant(args[1].type, 8)
+        n8 = builder.sdiv(args[5], eight)
+        with cgutils.for_range(builder, n8) as loop:
+            e = builder.mul(loop.index, eight)
+            vv = _load_row_f(builder, builder.gep(sp, [builder.add(args[1], e)]), is_half, 8)
+            aptr = builder.bitcast(builder.gep(ap, [builder.add(args[4], e)]), vt.as_pointer())
+            builder.store(_ir_fma(builder, vv, pv, builder.load(aptr, align=4)), aptr, align=4)
+        with cgutils.for_range(builder, builder.sub(args[5], builder.mul(n8, eight))) as loop:
+            e = builder.add(builder.mul(n8, eight), loop.index)
+            vv = _load_row_f(builder, builder.gep(sp, [builder.add(args[1], e)]), is_half, 1)
+            aptr = builder.bitcast(builder.gep(ap, [builder.add(args[4], e)]), _vt(_FLT, 1).as_pointer())
+            builder.store(_ir_fma(builder, vv, _ir_splat_f(builder, args[2], 1), builder.load(aptr, align=4)), aptr,
+                          align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen

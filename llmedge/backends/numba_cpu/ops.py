@@ -11,7 +11,16 @@ from numba import njit, prange, types
 from numba.extending import overload
 
 from llmedge.backends.numba_cpu.common import F32
-from llmedge.backends.numba_cpu.intrinsics import _f2h, _fma, _h2f, _round_h, _v_expf
+from llmedge.backends.numba_cpu.intrinsics import (
+    _axpy_row,
+    _f2h,
+    _fma,
+    _h2f,
+    _lanes_fma8,
+    _lanes_fma32,
+    _round_h,
+    _v_expf,
+)
 
 # ---------------------------------------------------------------------------------------------
 # float ops
@@ -185,6 +194,7 @@ def _attn_row(q, k, v, f16, i, h, group, qpos, kpos, scale, window, softcap, n, 
     d = q.shape[2]
     t = k.shape[0]
     g = h // group
+    nkv = k.shape[1]
     tb_kq = n >= 2 and d % 8 == 0
     tb_kqv = n >= 2 and d % 4 == 0
     for e in range(d):
@@ -204,17 +214,11 @@ def _attn_row(q, k, v, f16, i, h, group, qpos, kpos, scale, window, softcap, n, 
             jlo = j
         jhi = j
         if tb_kq:
-            for ll in range(8):
-                lanes[ll] = F32(0.0)
-            for e in range(d):
-                lanes[e & 7] = _fma(_kv(k, j, g, e), qc[e], lanes[e & 7])
+            _lanes_fma8(k, (j * nkv + g) * d, qc, d, lanes)
             s = _hsum8(lanes, 0)
         else:
-            for ll in range(32):
-                lanes[ll] = F32(0.0)
             np_ = d & ~31
-            for e in range(np_):
-                lanes[e & 31] = _fma(_kv(k, j, g, e), qc[e], lanes[e & 31])
+            _lanes_fma32(k, (j * nkv + g) * d, qc, np_, lanes)
             s = _reduce_ggml4(lanes)
             if np_ < d:
                 if f16:
@@ -257,9 +261,7 @@ def _attn_row(q, k, v, f16, i, h, group, qpos, kpos, scale, window, softcap, n, 
         p = w[j]
         if p == F32(0.0):
             continue
-        base = (j % nl) * d
-        for e in range(d):
-            acc[base + e] = _fma(_kv(v, j, g, e), p, acc[base + e])
+        _axpy_row(v, (j * nkv + g) * d, p, acc, (j % nl) * d, d)
     for e in range(d):
         if nl == 8:
             r = ((acc[4 * d + e] + acc[e]) + (acc[6 * d + e] + acc[2 * d + e])) + \
