@@ -276,6 +276,20 @@ _BLOCK32 = {  # type: (block bytes, offset of the quants, has min (Q8_1 partner)
 }
 
 
+#: bytes ahead of the block being read that the one-row kernels prefetch (native's LLE_PREFETCH)
+_PREFETCH_AHEAD = 2048
+
+
+def _ir_prefetch(builder, ptr):
+    """Ask for the cache line at ``ptr`` (read, keep in all levels); never faults. Decode streams
+    each weight once per token faster than the hardware prefetcher alone keeps up with: the row
+    kernels prefetch the same block of the next group of rows, as native's gemv does."""
+    i8p = ir.IntType(8).as_pointer()
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, _I32, _I32, _I32]),
+                                        "llvm.prefetch.p0i8")
+    builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+
+
 def _make_rowdot32(t):
     bsz, qo, has_min, five, sub = _BLOCK32[t]
 
@@ -294,6 +308,7 @@ def _make_rowdot32(t):
             with cgutils.for_range(builder, args[4]) as loop:
                 b = loop.index
                 wb = builder.gep(wp, [builder.mul(b, ir.Constant(b.type, bsz))])
+                _ir_prefetch(builder, builder.gep(wb, [ir.Constant(b.type, _PREFETCH_AHEAD)]))
                 if t == TQ8_0:
                     qx = _load_bytes(builder, builder.gep(wb, [ir.Constant(_I32, qo)]), 32)
                 else:
@@ -346,6 +361,7 @@ def _make_rowdot32_x4(t):
             with cgutils.for_range(builder, nb) as loop:
                 b = loop.index
                 wb = builder.gep(wp, [builder.mul(b, ir.Constant(b.type, bsz))])
+                _ir_prefetch(builder, builder.gep(wb, [ir.Constant(b.type, _PREFETCH_AHEAD)]))
                 if t == TQ8_0:
                     qx = _load_bytes(builder, builder.gep(wb, [ir.Constant(_I32, qo)]), 32)
                 else:
@@ -403,6 +419,7 @@ def _make_rowdot32_w4(t):
                 sa = builder.load(builder.gep(asp, [b])) if has_min else None
                 for r in range(4):
                     wb = builder.gep(wps[r], [builder.mul(b, ir.Constant(b.type, bsz))])
+                    _ir_prefetch(builder, builder.gep(wb, [builder.mul(rb, ir.Constant(rb.type, 4))]))
                     if t == TQ8_0:
                         qx = _load_bytes(builder, builder.gep(wb, [ir.Constant(_I32, qo)]), 32)
                     else:

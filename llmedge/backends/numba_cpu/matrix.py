@@ -82,8 +82,9 @@ def _mm_q8_0(x, wu, wi, t, out):
     else:
         _quantize_q8_0(x, aq, ad, asum)
     n4 = n - n % 4 if FAST_ROWS and t != TIQ4_NL else 0
-    if n < 4 and FAST_ROWS and t != TIQ4_NL and m >= 4:
-        # decode: four weight rows per step (the same per-row sums as the one-row kernel)
+    if n < 4 and FAST_ROWS and t != TIQ4_NL and t != TQ8_0 and m >= 4:
+        # decode: four weight rows per step (the same per-row sums as the one-row kernel). Not Q8_0:
+        # its four 34-byte-block streams read from memory at under half the one-row kernel's rate
         m4 = m // 4
         for j4 in prange(m4):
             j = 4 * j4

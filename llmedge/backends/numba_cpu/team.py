@@ -171,7 +171,7 @@ def _rows(t, wu, wi, n, aq, ad, ai, af, out, j0, j1, scb):
                     out[i, j] = _row_q8_k_family(t, wu[j], wi[j], aq[i], ad[i], ai[i], nsb)
         return
     nb = aq.shape[1] // 32
-    m4 = 4 * (m // 4) if FAST_ROWS and t != TIQ4_NL and m >= 4 else 0
+    m4 = 4 * (m // 4) if FAST_ROWS and t != TIQ4_NL and t != TQ8_0 and m >= 4 else 0
     j = j0
     while j < j1:
         if j + 4 <= m4:
