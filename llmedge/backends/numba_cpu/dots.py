@@ -34,6 +34,7 @@ from llmedge.backends.numba_cpu.intrinsics import (
     _lanes_q4_k,
     _lanes_q5_k,
     _lanes_q6_k,
+    _q4_k_sub_dots,
     _round_h,
     _rowdot_q4_0,
     _rowdot_q4_1,
@@ -400,15 +401,62 @@ def _row_q4_k_r8_gemm(wu, aq, ad, bs, nsb, scb):
             scb[8 + sb] = mn
         dd = _hb(wu, o) * ad[b]
         dm = _hb(wu, o + 2) * ad[b]
+        dots = _q4_k_sub_dots(wu, o, aq, ab)
         for j in range(4):
-            lo = _dot_f1_32(wu, o + 16 + j * 32, 0, 15, 0, 0, 0, 0, aq, ab + 64 * j)
-            hi = _dot_f1_32(wu, o + 16 + j * 32, 4, 15, 0, 0, 0, 0, aq, ab + 64 * j + 32)
-            s1 = scb[2 * j] * np.int64(lo) + scb[2 * j + 1] * np.int64(hi)
+            s1 = scb[2 * j] * np.int64(dots[2 * j]) + scb[2 * j + 1] * np.int64(dots[2 * j + 1])
             s2 = (scb[8 + 2 * j] * (np.int64(bs[bb + 4 * j]) + bs[bb + 4 * j + 1])
                   + scb[9 + 2 * j] * (np.int64(bs[bb + 4 * j + 2]) + bs[bb + 4 * j + 3]))
             acc = _fma(F32(s1), dd, acc)
             accm = _fma(F32(s2), dm, accm)
     return acc - accm
+
+
+@njit
+def _row4_q4_k_r8_gemm(wu, aq, ad, bs, i0, nsb, scb):
+    """:func:`_row_q4_k_r8_gemm` for activation rows i0 .. i0 + 3 of the 2-D ``aq`` / ``ad`` / ``bs``,
+    the block's scales and mins decoded once for the four (each row summed exactly as alone)."""
+    acc0 = acc1 = acc2 = acc3 = F32(0.0)
+    am0 = am1 = am2 = am3 = F32(0.0)
+    for b in range(nsb):
+        o = b * 144
+        ab = b * 256
+        bb = b * 16
+        for sb in range(8):
+            sc, mn = _k_scale_min(wu, o + 4, sb)
+            scb[sb] = sc
+            scb[8 + sb] = mn
+        hd = _hb(wu, o)
+        hm = _hb(wu, o + 2)
+        for r in range(4):
+            i = i0 + r
+            dd = hd * ad[i, b]
+            dm = hm * ad[i, b]
+            dots = _q4_k_sub_dots(wu, o, aq[i], ab)
+            acc = F32(0.0)
+            accm = F32(0.0)
+            if r == 0:
+                acc, accm = acc0, am0
+            elif r == 1:
+                acc, accm = acc1, am1
+            elif r == 2:
+                acc, accm = acc2, am2
+            else:
+                acc, accm = acc3, am3
+            for j in range(4):
+                s1 = scb[2 * j] * np.int64(dots[2 * j]) + scb[2 * j + 1] * np.int64(dots[2 * j + 1])
+                s2 = (scb[8 + 2 * j] * (np.int64(bs[i, bb + 4 * j]) + bs[i, bb + 4 * j + 1])
+                      + scb[9 + 2 * j] * (np.int64(bs[i, bb + 4 * j + 2]) + bs[i, bb + 4 * j + 3]))
+                acc = _fma(F32(s1), dd, acc)
+                accm = _fma(F32(s2), dm, accm)
+            if r == 0:
+                acc0, am0 = acc, accm
+            elif r == 1:
+                acc1, am1 = acc, accm
+            elif r == 2:
+                acc2, am2 = acc, accm
+            else:
+                acc3, am3 = acc, accm
+    return acc0 - am0, acc1 - am1, acc2 - am2, acc3 - am3
 
 
 @njit

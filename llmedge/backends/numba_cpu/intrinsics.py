@@ -712,3 +712,30 @@ def _axpy_row(typingctx, src, off, p, acc, aoff, n):
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+@intrinsic
+def _q4_k_sub_dots(typingctx, w, o, a, ao):
+    """The eight exact integer dots of one Q4_K block's sub-blocks with Q8_K activations a[ao:ao+256]
+    (sub-block 2j: the low nibbles of the 32 bytes at o + 16 + 32j, 2j + 1: their high nibbles), each
+    as pmaddubsw/pmaddwd lanes summed (any order: the sums are exact)."""
+    sig = types.UniTuple(types.int32, 8)(w, types.intp, a, types.intp)
+
+    def codegen(context, builder, signature, args):
+        wp = builder.gep(context.make_array(signature.args[0])(context, builder, args[0]).data, [args[1]])
+        ap = builder.gep(context.make_array(signature.args[2])(context, builder, args[2]).data, [args[3]])
+        v8, v8i = _vt(_I8, 32), _vt(_I32, 8)
+        red = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_I32, [v8i]), "llvm.vector.reduce.add.v8i32")
+        out = []
+        for j in range(4):
+            q = _load_bytes(builder, builder.gep(wp, [ir.Constant(_I32, 16 + 32 * j)]), 32)
+            for half in range(2):
+                nib = builder.and_(builder.lshr(q, ir.Constant(v8, [4 * half] * 32)), ir.Constant(v8, [15] * 32))
+                av = _load_bytes(builder, builder.gep(ap, [ir.Constant(_I32, 64 * j + 32 * half)]), 32)
+                lanes = _quad_sums(builder, nib, av, 32, signed=False)
+                if lanes.type != v8i:  # pragma: no cover - the generic path already gives <8 x i32>
+                    lanes = builder.bitcast(lanes, v8i)
+                out.append(builder.call(red, [lanes]))
+        return context.make_tuple(builder, signature.return_type, out)
+
+    return sig, codegen

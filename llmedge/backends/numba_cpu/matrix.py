@@ -33,9 +33,9 @@ from llmedge.backends.numba_cpu.dots import (
     _quantize_q8_0,
     _quantize_q8_1,
     _quantize_q8_k,
+    _row4_q4_k_r8_gemm,
     _row_k_fast,
     _row_q4_k_r8,
-    _row_q4_k_r8_gemm,
     _row_q4_k_tiled,
     _row_q8_0_family,
     _row_q8_1_family,
@@ -228,12 +228,15 @@ def _mm_q4_k(x, wu, wi, out):
         for j in range(c * m // nc, (c + 1) * m // nc):
             wr = wu[j]
             wir = wi[j]
-            for i in range(n):
+            for i in range(0, n_head, 4):  # n_head > 0 only in mode 1
+                r0, r1, r2, r3 = _row4_q4_k_r8_gemm(wr, aq, ad, bs, i, nsb, scb)
+                out[i, j] = r0
+                out[i + 1, j] = r1
+                out[i + 2, j] = r2
+                out[i + 3, j] = r3
+            for i in range(n_head, n):
                 if mode == 1:
-                    if i < n_head:
-                        out[i, j] = _row_q4_k_r8_gemm(wr, aq[i], ad[i], bs[i], nsb, scb)
-                    else:
-                        out[i, j] = _row_q4_k_r8(wr, aq[i], ad[i], bs[i], nsb, scb)
+                    out[i, j] = _row_q4_k_r8(wr, aq[i], ad[i], bs[i], nsb, scb)
                 elif mode == 2:
                     out[i, j] = _row_q4_k_tiled(wr, aq[i], ad[i], bs[i], nsb, scb)
                 elif FAST_ROWS:
