@@ -35,6 +35,7 @@ from llmedge.backends.numba_cpu.intrinsics import (
     _lanes_q5_k,
     _lanes_q6_k,
     _q4_k_sub_dots,
+    _q4_k_block4,
     _round_h,
     _rowdot_q4_0,
     _rowdot_q4_1,
@@ -414,9 +415,11 @@ def _row_q4_k_r8_gemm(wu, aq, ad, bs, nsb, scb):
 @njit
 def _row4_q4_k_r8_gemm(wu, aq, ad, bs, i0, nsb, scb):
     """:func:`_row_q4_k_r8_gemm` for activation rows i0 .. i0 + 3 of the 2-D ``aq`` / ``ad`` / ``bs``,
-    the block's scales and mins decoded once for the four (each row summed exactly as alone)."""
+    the block's scales, mins and nibbles decoded once for the four (each row summed exactly as
+    alone); ``scb`` holds 48 int32 (scales and mins, then the four rows' sub-block dots)."""
     acc0 = acc1 = acc2 = acc3 = F32(0.0)
     am0 = am1 = am2 = am3 = F32(0.0)
+    dots = scb[16:48]
     for b in range(nsb):
         o = b * 144
         ab = b * 256
@@ -427,11 +430,11 @@ def _row4_q4_k_r8_gemm(wu, aq, ad, bs, i0, nsb, scb):
             scb[8 + sb] = mn
         hd = _hb(wu, o)
         hm = _hb(wu, o + 2)
+        _q4_k_block4(wu, o, aq, i0, ab, scb, bs, bb, dots)
         for r in range(4):
             i = i0 + r
             dd = hd * ad[i, b]
             dm = hm * ad[i, b]
-            dots = _q4_k_sub_dots(wu, o, aq[i], ab)
             acc = F32(0.0)
             accm = F32(0.0)
             if r == 0:
@@ -443,11 +446,8 @@ def _row4_q4_k_r8_gemm(wu, aq, ad, bs, i0, nsb, scb):
             else:
                 acc, accm = acc3, am3
             for j in range(4):
-                s1 = scb[2 * j] * np.int64(dots[2 * j]) + scb[2 * j + 1] * np.int64(dots[2 * j + 1])
-                s2 = (scb[8 + 2 * j] * (np.int64(bs[i, bb + 4 * j]) + bs[i, bb + 4 * j + 1])
-                      + scb[9 + 2 * j] * (np.int64(bs[i, bb + 4 * j + 2]) + bs[i, bb + 4 * j + 3]))
-                acc = _fma(F32(s1), dd, acc)
-                accm = _fma(F32(s2), dm, accm)
+                acc = _fma(F32(dots[8 * r + j]), dd, acc)
+                accm = _fma(F32(dots[8 * r + 4 + j]), dm, accm)
             if r == 0:
                 acc0, am0 = acc, accm
             elif r == 1:

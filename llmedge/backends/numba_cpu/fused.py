@@ -34,7 +34,15 @@ from llmedge.backends.numba_cpu.common import (
 )
 from llmedge.backends.numba_cpu.intrinsics import _f2h
 from llmedge.backends.numba_cpu.matrix import _mm_q4_k, _mm_q8_0, _mm_q8_1, _mm_q8_k
-from llmedge.backends.numba_cpu.ops import _attention, _glu_ser, _rms_norm_rows, _rope_ser
+from llmedge.backends.numba_cpu.ops import (
+    _attention,
+    _glu_par,
+    _glu_ser,
+    _rms_norm_par,
+    _rms_norm_rows,
+    _rope_par,
+    _rope_ser,
+)
 
 TEAM_MAX_ROWS = 3  # steps of at most this many rows run as one team region (team.py)
 
@@ -83,12 +91,37 @@ def _matmul(x, wu, wi, t, out):
         _mm_q8_k(x, wu, wi, t, out)
 
 
+
+@njit
+def _norm(x, w, eps, out):
+    """RMS norm of every row: a parallel region when there is enough work for one (prompts)."""
+    if x.shape[0] * x.shape[1] >= 1 << 16:
+        _rms_norm_par(x, w, True, eps, out)
+    else:
+        _rms_norm_rows(x, w, True, eps, out, 0, x.shape[0])
+
+
+@njit
+def _rope(x, pos, n_rot, freq_scale, theta_scale, neox, ff, has_ff, mscale, ext, lo, hi):
+    if x.shape[0] >= 8:
+        _rope_par(x, pos, n_rot, freq_scale, theta_scale, neox, ff, has_ff, mscale, ext, lo, hi, x)
+    else:
+        _rope_ser(x, pos, n_rot, freq_scale, theta_scale, neox, ff, has_ff, mscale, ext, lo, hi, x)
+
+
+@njit
+def _glu(g, u, kind, tab):
+    if g.shape[0] >= 1 << 16:
+        _glu_par(g, u, kind, tab, g)
+    else:
+        _glu_ser(g, u, kind, tab, g)
+
 @njit
 def _post(h, x, nw, has_norm, eps, rs):
     """x += (post-norm of h, optionally) * residual scale, as layer_forward does."""
     n, d = h.shape
     if has_norm:
-        _rms_norm_rows(h, nw, True, eps, h, 0, n)
+        _norm(h, nw, eps, h)
     if rs != F32(1.0):
         for r in range(n):
             for e in range(d):
@@ -113,7 +146,7 @@ def _decoder_layers(x, pos, ip, fp, wa, wshape, wt, na, nn, ff, has_ff, ka, va, 
         wi = [carray(_p_i8(wa[b + j]), (wshape[b + j, 0], wshape[b + j, 1])) for j in range(7)]
         norms = [carray(_p_f32(na[nb + j]), (nn[nb + j],)) for j in range(6)]
         # attention block
-        _rms_norm_rows(x, norms[0], True, eps, h, 0, n)
+        _norm(x, norms[0], eps, h)
         q = np.empty((n, nq), np.float32)
         k = np.empty((n, nk), np.float32)
         v = np.empty((n, nk), np.float32)
@@ -123,20 +156,20 @@ def _decoder_layers(x, pos, ip, fp, wa, wshape, wt, na, nn, ff, has_ff, ka, va, 
         if ip[il, 8]:
             q2 = q.reshape(n * n_head, hd)
             k2 = k.reshape(n * n_kv, hd)
-            _rms_norm_rows(q2, norms[1], True, eps, q2, 0, n * n_head)
-            _rms_norm_rows(k2, norms[2], True, eps, k2, 0, n * n_kv)
+            _norm(q2, norms[1], eps, q2)
+            _norm(k2, norms[2], eps, k2)
         q3 = q.reshape(n, n_head, hd)
         k3 = k.reshape(n, n_kv, hd)
         n_rot, neox = ip[il, 5], ip[il, 6] != 0
-        _rope_ser(q3, pos, n_rot, fp[il, 2], fp[il, 1], neox, ff, has_ff, fp[il, 3], fp[il, 4], fp[il, 5],
-                  fp[il, 6], q3)
+        _rope(q3, pos, n_rot, fp[il, 2], fp[il, 1], neox, ff, has_ff, fp[il, 3], fp[il, 4], fp[il, 5],
+              fp[il, 6])
         qs = fp[il, 7]
         if qs != F32(1.0):
             for r in range(n):
                 for e in range(nq):
                     q[r, e] = q[r, e] * qs
-        _rope_ser(k3, pos, n_rot, fp[il, 2], fp[il, 1], neox, ff, has_ff, fp[il, 3], fp[il, 4], fp[il, 5],
-                  fp[il, 6], k3)
+        _rope(k3, pos, n_rot, fp[il, 2], fp[il, 1], neox, ff, has_ff, fp[il, 3], fp[il, 4], fp[il, 5],
+              fp[il, 6])
         start, first, used = res[il, 0], res[il, 1], res[il, 2]
         cap = kcap[il]
         kl = carray(_p_u16(ka[il]), (cap, n_kv, hd))
@@ -153,12 +186,12 @@ def _decoder_layers(x, pos, ip, fp, wa, wshape, wt, na, nn, ff, has_ff, ka, va, 
         _matmul(o.reshape(n, nq), wu[3], wi[3], wt[b + 3], h2)
         _post(h2, x, norms[3], ip[il, 9] != 0, eps, fp[il, 10])
         # feed-forward block
-        _rms_norm_rows(x, norms[4], True, eps, h, 0, n)
+        _norm(x, norms[4], eps, h)
         g = np.empty((n, n_ff), np.float32)
         u = np.empty((n, n_ff), np.float32)
         _matmul(h, wu[4], wi[4], wt[b + 4], g)
         _matmul(h, wu[5], wi[5], wt[b + 5], u)
-        _glu_ser(g.reshape(-1), u.reshape(-1), ip[il, 4], gtab, g.reshape(-1))
+        _glu(g.reshape(-1), u.reshape(-1), ip[il, 4], gtab)
         _matmul(g, wu[6], wi[6], wt[b + 6], h2)
         _post(h2, x, norms[5], ip[il, 9] != 0, eps, fp[il, 10])
 

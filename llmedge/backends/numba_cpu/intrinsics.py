@@ -739,3 +739,133 @@ def _q4_k_sub_dots(typingctx, w, o, a, ao):
         return context.make_tuple(builder, signature.return_type, out)
 
     return sig, codegen
+
+
+def _ir_sum8x8(builder, vs):
+    """Eight <8 x i32> -> one <8 x i32> of their lane totals (pairwise adds of even and odd lanes:
+    phaddd's pattern; exact integers, so any order)."""
+    def pair(a, b):
+        ev = _shuf(builder, a, b, [0, 2, 4, 6, 8, 10, 12, 14])
+        od = _shuf(builder, a, b, [1, 3, 5, 7, 9, 11, 13, 15])
+        return builder.add(ev, od)
+
+    # pair(v0, v1) = [v0's 4 pair sums, v1's]; the next round gives halves, the last totals in lane order
+    p = [pair(vs[0], vs[1]), pair(vs[2], vs[3]), pair(vs[4], vs[5]), pair(vs[6], vs[7])]
+    q = [pair(p[0], p[1]), pair(p[2], p[3])]
+    return pair(q[0], q[1])
+
+
+@intrinsic
+def _q4_k_sub_dots4(typingctx, w, o, a, i0, ao, out):
+    """:func:`_q4_k_sub_dots` for activation rows i0 .. i0 + 3 of the 2-D ``a``, the weight nibbles
+    unpacked once: out[8 * r + s] = sub-block s's integer dot with row i0 + r."""
+    sig = types.void(w, types.intp, a, types.intp, types.intp, out)
+
+    def codegen(context, builder, signature, args):
+        wp = builder.gep(context.make_array(signature.args[0])(context, builder, args[0]).data, [args[1]])
+        aa = context.make_array(signature.args[2])(context, builder, args[2])
+        row_stride = cgutils.unpack_tuple(builder, aa.strides, 2)[0]
+        op = context.make_array(signature.args[5])(context, builder, args[5]).data
+        v8, v8i = _vt(_I8, 32), _vt(_I32, 8)
+        nibs = []
+        for j in range(4):
+            q = _load_bytes(builder, builder.gep(wp, [ir.Constant(_I32, 16 + 32 * j)]), 32)
+            for half in range(2):
+                nibs.append(builder.and_(builder.lshr(q, ir.Constant(v8, [4 * half] * 32)), ir.Constant(v8, [15] * 32)))
+        base = builder.bitcast(aa.data, ir.IntType(8).as_pointer())
+        for r in range(4):
+            row = builder.add(args[3], ir.Constant(args[3].type, r))
+            rp = builder.gep(base, [builder.add(builder.mul(row, row_stride), args[4])])
+            lanes = []
+            for s in range(8):
+                av = _load_bytes(builder, builder.gep(rp, [ir.Constant(_I32, 32 * s)]), 32)
+                lanes.append(_quad_sums(builder, nibs[s], av, 32, signed=False))
+            tot = _ir_sum8x8(builder, lanes)
+            dst = builder.bitcast(builder.gep(op, [ir.Constant(_I32, 8 * r)]), v8i.as_pointer())
+            builder.store(tot, dst, align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def _q4_k_block4(typingctx, w, o, a, i0, ao, sc, bs, bo, out):
+    """One Q4_K block (at byte ``o`` of ``w``) against activation rows i0 .. i0 + 3 of the 2-D Q8_K
+    ``a`` (values ao .. ao + 255) and their 16-value sums ``bs`` (from column bo), the block's
+    scales in sc[0:8] and mins in sc[8:16]: for each row r and quarter j, the exact integers
+    out[8r + j] = sc[2j] dot_2j + sc[2j+1] dot_2j+1 and out[8r + 4 + j] = mn[2j] (bs[4j] + bs[4j+1])
+    + mn[2j+1] (bs[4j+2] + bs[4j+3]) (in int32, which holds them: |s1| < 2^23, |s2| < 2^20)."""
+    sig = types.void(w, types.intp, a, types.intp, types.intp, sc, bs, types.intp, out)
+
+    def codegen(context, builder, signature, args):
+        wp = builder.gep(context.make_array(signature.args[0])(context, builder, args[0]).data, [args[1]])
+        aa = context.make_array(signature.args[2])(context, builder, args[2])
+        a_stride = cgutils.unpack_tuple(builder, aa.strides, 2)[0]
+        scp = context.make_array(signature.args[5])(context, builder, args[5]).data
+        ba = context.make_array(signature.args[6])(context, builder, args[6])
+        b_stride = cgutils.unpack_tuple(builder, ba.strides, 2)[0]
+        op = context.make_array(signature.args[8])(context, builder, args[8]).data
+        v8, v8i, v4i = _vt(_I8, 32), _vt(_I32, 8), _vt(_I32, 4)
+        nibs = []
+        for j in range(4):
+            q = _load_bytes(builder, builder.gep(wp, [ir.Constant(_I32, 16 + 32 * j)]), 32)
+            for half in range(2):
+                nibs.append(builder.and_(builder.lshr(q, ir.Constant(v8, [4 * half] * 32)), ir.Constant(v8, [15] * 32)))
+        scales = builder.load(builder.bitcast(scp, v8i.as_pointer()), align=4)
+        mins = builder.load(builder.bitcast(builder.gep(scp, [ir.Constant(_I32, 8)]), v8i.as_pointer()), align=4)
+
+        def halves(v):  # <8 x i32> -> <4 x i32> of adjacent pair sums
+            return builder.add(_shuf(builder, v, v, [0, 2, 4, 6]), _shuf(builder, v, v, [1, 3, 5, 7]))
+
+        abase = builder.bitcast(aa.data, ir.IntType(8).as_pointer())
+        bbase = builder.bitcast(ba.data, ir.IntType(8).as_pointer())
+        for r in range(4):
+            row = builder.add(args[3], ir.Constant(args[3].type, r))
+            rp = builder.gep(abase, [builder.add(builder.mul(row, a_stride), args[4])])
+            lanes = []
+            for s in range(8):
+                av = _load_bytes(builder, builder.gep(rp, [ir.Constant(_I32, 32 * s)]), 32)
+                lanes.append(_quad_sums(builder, nibs[s], av, 32, signed=False))
+            dots = _ir_sum8x8(builder, lanes)
+            s1 = halves(builder.mul(dots, scales))
+            bp = builder.gep(bbase, [builder.add(builder.mul(row, b_stride),
+                                                 builder.mul(args[7], ir.Constant(args[7].type, 4)))])
+            b16 = builder.load(builder.bitcast(bp, _vt(_I32, 16).as_pointer()), align=4)
+            bpair = builder.add(_shuf(builder, b16, b16, list(range(0, 16, 2))), _shuf(builder, b16, b16, list(range(1, 16, 2))))
+            s2 = halves(builder.mul(bpair, mins))
+            both = _shuf(builder, s1, s2, list(range(8)))
+            builder.store(both, builder.bitcast(builder.gep(op, [ir.Constant(_I32, 8 * r)]), v8i.as_pointer()), align=4)
+        del v4i
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def _lanes_fma8_x4(typingctx, src, off, stride, q, n, lanes):
+    """:data:`_lanes_fma8` for four rows of ``src`` at once (at off + r * stride, r < 4) into
+    lanes[8r:8r + 8]: four independent chains of fused multiply-adds overlap instead of waiting on
+    one (each row's lanes exactly as alone)."""
+    sig = types.void(src, types.intp, types.intp, q, types.intp, lanes)
+    is_half = src.dtype == types.uint16
+
+    def codegen(context, builder, signature, args):
+        sp = context.make_array(signature.args[0])(context, builder, args[0]).data
+        qp = context.make_array(signature.args[3])(context, builder, args[3]).data
+        lp = context.make_array(signature.args[5])(context, builder, args[5]).data
+        vt = _vt(_FLT, 8)
+        accs = [cgutils.alloca_once_value(builder, ir.Constant(vt, [0.0] * 8)) for _ in range(4)]
+        offs = [builder.add(args[1], builder.mul(args[2], ir.Constant(args[2].type, r))) for r in range(4)]
+        step = ir.Constant(args[1].type, 8)
+        with cgutils.for_range(builder, builder.sdiv(args[4], step)) as loop:
+            e = builder.mul(loop.index, step)
+            qv = builder.load(builder.bitcast(builder.gep(qp, [e]), vt.as_pointer()), align=4)
+            for r in range(4):
+                kv = _load_row_f(builder, builder.gep(sp, [builder.add(offs[r], e)]), is_half, 8)
+                builder.store(_ir_fma(builder, kv, qv, builder.load(accs[r])), accs[r])
+        for r in range(4):
+            dst = builder.bitcast(builder.gep(lp, [ir.Constant(_I32, 8 * r)]), vt.as_pointer())
+            builder.store(builder.load(accs[r]), dst, align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen

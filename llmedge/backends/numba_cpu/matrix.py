@@ -224,7 +224,7 @@ def _mm_q4_k(x, wu, wi, out):
                 ad[i, b] = _quant_q8_k_block(x, i, b * 256, aq, bs, b * 16, i < n_head)
     nc = min(m, 128)
     for c in prange(nc):
-        scb = np.empty(16, np.int32)
+        scb = np.empty(48, np.int32)
         for j in range(c * m // nc, (c + 1) * m // nc):
             wr = wu[j]
             wir = wi[j]

@@ -17,6 +17,7 @@ from llmedge.backends.numba_cpu.intrinsics import (
     _fma,
     _h2f,
     _lanes_fma8,
+    _lanes_fma8_x4,
     _lanes_fma32,
     _round_h,
     _v_expf,
@@ -205,6 +206,7 @@ def _attn_row(q, k, v, f16, i, h, group, qpos, kpos, scale, window, softcap, n, 
     jlo = t
     jhi = -1
     lanes = acc[:32]
+    j4 = 0
     for j in range(t):
         kp = kpos[j]
         if kp < 0 or kp > qp or (window > 0 and qp - kp >= window):
@@ -214,8 +216,16 @@ def _attn_row(q, k, v, f16, i, h, group, qpos, kpos, scale, window, softcap, n, 
             jlo = j
         jhi = j
         if tb_kq:
-            _lanes_fma8(k, (j * nkv + g) * d, qc, d, lanes)
-            s = _hsum8(lanes, 0)
+            # keys four at a time (each one's lanes as alone; masked keys among them go unused)
+            if j < j4:
+                s = _hsum8(lanes, 8 * (j - j4 + 4))
+            elif j + 4 <= t:
+                _lanes_fma8_x4(k, (j * nkv + g) * d, nkv * d, qc, d, lanes)
+                j4 = j + 4
+                s = _hsum8(lanes, 0)
+            else:
+                _lanes_fma8(k, (j * nkv + g) * d, qc, d, lanes)
+                s = _hsum8(lanes, 0)
         else:
             np_ = d & ~31
             _lanes_fma32(k, (j * nkv + g) * d, qc, np_, lanes)
