@@ -533,3 +533,34 @@ def test_attention_equals_native_bitwise(be: NumbaBackend, n: int, t: int, d: in
     for window, softcap in ((0, 0.0), (t // 2, 0.0), (0, 30.0)):
         args = (q, k, v, q_pos, k_pos, 1.0 / np.sqrt(d), window or None, softcap or None)
         np.testing.assert_array_equal(be.attention(*args), native.attention(*args))
+
+
+def test_half_conversions_equal_the_integer_versions() -> None:
+    """_f2h/_h2f take the one-instruction hardware path where there is one (F16C, ARM64): every
+    half value and a million float32 bit patterns (all exponents, ties, subnormals, overflow,
+    infinities, NaNs) convert exactly as the integer-only versions (ggml's scalar conversions)."""
+    from numba import njit
+
+    from llmedge.backends.numba_cpu.intrinsics import _f2h, _f2h_soft, _h2f, _h2f_soft
+
+    @njit
+    def both(hs, fs, out_h, out_f):
+        for i in range(hs.shape[0]):
+            out_f[0, i] = _h2f(hs[i])
+            out_f[1, i] = _h2f_soft(hs[i])
+        for i in range(fs.shape[0]):
+            out_h[0, i] = _f2h(fs[i])
+            out_h[1, i] = _f2h_soft(fs[i])
+
+    hs = np.arange(65536, dtype=np.uint16)
+    rng = np.random.default_rng(5)
+    bits = rng.integers(0, 1 << 32, 1_000_000, dtype=np.uint64).astype(np.uint32)
+    ties = (np.arange(65536, dtype=np.uint32) << 13) | (1 << 12)  # exactly halfway between halves
+    fs = np.concatenate([bits, ties, ties ^ 0x80000000, hs.astype(np.float16).astype(np.float32).view(np.uint32),
+                         np.array([0x7F800000, 0xFF800000, 0x7FC00001, 0xFF812345, 0x477FF000, 0x477FEFFF,
+                                   0x33000000, 0x33000001, 0x387FC000], np.uint32)]).view(np.float32)
+    out_h = np.empty((2, fs.size), np.uint16)
+    out_f = np.empty((2, hs.size), np.float32)
+    both(hs, fs, out_h, out_f)
+    np.testing.assert_array_equal(out_h[0], out_h[1])
+    np.testing.assert_array_equal(out_f[0].view(np.uint32), out_f[1].view(np.uint32))

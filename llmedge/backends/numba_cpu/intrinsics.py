@@ -549,8 +549,8 @@ _HALF_SUBNORMAL = F32(2.0 ** -24)
 
 
 @njit
-def _h2f(h):
-    """IEEE half (an integer 0..65535) to float32."""
+def _h2f_soft(h):
+    """IEEE half (an integer 0..65535) to float32, in integer operations."""
     h = np.uint32(h)
     sign = (h & np.uint32(0x8000)) << np.uint32(16)
     e = (h >> np.uint32(10)) & np.uint32(0x1F)
@@ -563,6 +563,37 @@ def _h2f(h):
     return _u32_as_f32(sign | ((e + np.uint32(112)) << np.uint32(23)) | (m << np.uint32(13)))
 
 
+@intrinsic
+def _h2f_hw(typingctx, h):
+    """Half bits to float32 by LLVM's ``fpext`` (one instruction with F16C or on ARM64)."""
+    sig = types.float32(types.uint16)
+
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+
+    return sig, codegen
+
+
+@intrinsic
+def _f2h_hw(typingctx, f):
+    """float32 to half bits by LLVM's ``fptrunc`` (round to nearest even; one instruction with F16C)."""
+    sig = types.uint16(types.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+
+    return sig, codegen
+
+
+@njit
+def _h2f(h):
+    """IEEE half (an integer 0..65535) to float32: the hardware conversion where it is one
+    instruction, except for infinities and NaNs (their payloads kept as :func:`_h2f_soft` keeps them)."""
+    if FAST_ROWS and (np.uint32(h) & np.uint32(0x7C00)) != np.uint32(0x7C00):
+        return _h2f_hw(np.uint16(h))
+    return _h2f_soft(h)
+
+
 @njit
 def _hb(b, o):
     """The half stored little-endian at bytes ``o``, ``o + 1`` of uint8 array ``b``, as float32."""
@@ -571,7 +602,16 @@ def _hb(b, o):
 
 @njit
 def _f2h(f):
-    """float32 to IEEE half bits, round to nearest even (ggml's GGML_FP32_TO_FP16); NaN -> 0x7E00."""
+    """float32 to IEEE half bits, round to nearest even (ggml's GGML_FP32_TO_FP16); NaN -> sign | 0x7E00:
+    the hardware conversion where it is one instruction, :func:`_f2h_soft` for NaN."""
+    if FAST_ROWS and (_f32_bits(f) & np.uint32(0x7FFFFFFF)) <= np.uint32(0x7F800000):
+        return _f2h_hw(f)
+    return _f2h_soft(f)
+
+
+@njit
+def _f2h_soft(f):
+    """:func:`_f2h` in float and integer operations (the FP16 library's, as ggml's scalar code)."""
     base = (abs(f) * _TO_INF) * _TO_ZERO
     w = _f32_bits(f)
     shl1_w = (w + w) & np.uint32(0xFFFFFFFF)

@@ -26,7 +26,18 @@ from numba import carray, njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from llmedge.backends.numba_cpu.common import F32, TIQ4_NL, TQ4_0, TQ4_1, TQ4_K, TQ5_0, TQ5_1, TQ5_K, TQ6_K, TQ8_0
+from llmedge.backends.numba_cpu.common import (
+    F32,
+    TIQ4_NL,
+    TQ4_0,
+    TQ4_1,
+    TQ4_K,
+    TQ5_0,
+    TQ5_1,
+    TQ5_K,
+    TQ6_K,
+    TQ8_0,
+)
 from llmedge.backends.numba_cpu.dots import (
     _quant_q8_block,
     _quant_q8_k_block,
@@ -36,6 +47,7 @@ from llmedge.backends.numba_cpu.dots import (
     _row_q8_1_family,
     _row_q8_k_family,
 )
+from llmedge.backends.numba_cpu.fused import _p_f32, _p_i8, _p_i32, _p_u8, _p_u16
 from llmedge.backends.numba_cpu.intrinsics import (
     FAST_ROWS,
     _f2h,
@@ -45,7 +57,6 @@ from llmedge.backends.numba_cpu.intrinsics import (
     _rowdotw4_q5_1,
     _rowdotw4_q8_0,
 )
-from llmedge.backends.numba_cpu.fused import _p_f32, _p_i8, _p_i32, _p_u8, _p_u16
 from llmedge.backends.numba_cpu.ops import _attn_row, _glu_range, _rms_norm_rows, _rope_rows
 
 #: spins after which a barrier gives up (a member that never came); far beyond any real wait
