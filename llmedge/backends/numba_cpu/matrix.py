@@ -65,6 +65,30 @@ from llmedge.backends.numba_cpu.intrinsics import (
 # matrix products: x [n, k] float32 times weight rows [m, row bytes] -> out [n, m]
 
 
+@njit
+def _as_q8_0(t, wr, nb, w8):
+    """A Q4_0 / Q5_0 row as Q8_0 blocks: each block's F16 scale bytes, then its 32 values as signed
+    bytes (q - 8, or q - 16 with the fifth bit): exactly what their kernels multiply."""
+    bsz = 18 if t == TQ4_0 else 22
+    for b in range(nb):
+        o = b * bsz
+        p = b * 34
+        w8[p] = wr[o]
+        w8[p + 1] = wr[o + 1]
+        if t == TQ4_0:
+            for e in range(16):
+                q = np.int32(wr[o + 2 + e])
+                w8[p + 2 + e] = np.uint8(((q & 15) - 8) & 255)
+                w8[p + 18 + e] = np.uint8(((q >> 4) - 8) & 255)
+        else:
+            qh = np.uint32(wr[o + 2]) | (np.uint32(wr[o + 3]) << 8) | (np.uint32(wr[o + 4]) << 16) | \
+                (np.uint32(wr[o + 5]) << 24)
+            for e in range(32):
+                q = np.int32(wr[o + 6 + (e & 15)])
+                v = ((q & 15) if e < 16 else (q >> 4)) | (np.int32((qh >> np.uint32(e)) & np.uint32(1)) << 4)
+                w8[p + 2 + e] = np.uint8((v - 16) & 255)
+
+
 @njit(parallel=True, cache=True)
 def _mm_q8_0(x, wu, wi, t, out):
     n, k = x.shape
@@ -106,9 +130,15 @@ def _mm_q8_0(x, wu, wi, t, out):
     for j in prange(m):
         wr = wu[j]
         wir = wi[j]
+        w8 = wr
+        if n4 >= 8 and t != TQ8_0:
+            # many activation rows: the 4/5-bit row decoded once into Q8_0 blocks (the same signed
+            # values and scale, so the same products), not once per four activation rows
+            w8 = np.empty(nb * 34, np.uint8)
+            _as_q8_0(t, wr, nb, w8)
         for i in range(0, n4, 4):
-            if t == TQ8_0:
-                r0, r1, r2, r3 = _rowdot4_q8_0(wr, aq, ad, ad, i, nb)
+            if t == TQ8_0 or n4 >= 8:
+                r0, r1, r2, r3 = _rowdot4_q8_0(w8, aq, ad, ad, i, nb)
             elif t == TQ4_0:
                 r0, r1, r2, r3 = _rowdot4_q4_0(wr, aq, ad, ad, i, nb)
             else:

@@ -309,7 +309,7 @@ def _attention(q, k, v, f16, qpos, kpos, scale, window, softcap, out):
         w = np.empty(((t + 7) & ~7) + 8, np.float32)
         qc = np.empty(d, np.float32)
         acc = np.empty(max(32 * d, 32), np.float32)
-        for task in range(c * tasks // nc, (c + 1) * tasks // nc):
+        for task in range(c, tasks, nc):  # strided: a causal prompt's late rows cost more than its early ones
             _attn_row(q, k, v, f16, task // n_head, task % n_head, group, qpos, kpos, scale, window, softcap, n,
                       w, qc, acc, out)
 
