@@ -566,10 +566,11 @@ def test_half_conversions_equal_the_integer_versions() -> None:
     np.testing.assert_array_equal(out_f[0].view(np.uint32), out_f[1].view(np.uint32))
 
 
-@pytest.mark.parametrize("t", [T.Q4_0, T.Q5_0])
-def test_prompt_products_of_4_and_5_bit_rows_equal_four_rows_at_a_time(be: NumbaBackend, t: T) -> None:
-    """From 8 activation rows a Q4_0 / Q5_0 weight row is decoded once into Q8_0 blocks; every
-    product must equal the one of the same rows multiplied four at a time (the direct kernels)."""
+@pytest.mark.parametrize("t", [T.Q4_0, T.Q5_0, T.Q6_K])
+def test_prompt_products_from_rows_decoded_once_equal_four_rows_at_a_time(be: NumbaBackend, t: T) -> None:
+    """From 8 activation rows a Q4_0 / Q5_0 weight row is decoded once into Q8_0 blocks and a Q6_K
+    row into its six-bit values; every product must equal the one of the same rows multiplied four
+    at a time (the kernels that unpack the weights themselves)."""
     rng = np.random.default_rng(21)
     m, k = 40, 256
     w = be.prepare(make_tensor(random_weight(t, m, k, rng), t, m, k))

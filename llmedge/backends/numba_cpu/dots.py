@@ -34,6 +34,7 @@ from llmedge.backends.numba_cpu.intrinsics import (
     _lanes_q4_k,
     _lanes_q5_k,
     _lanes_q6_k,
+    _lanes_q6_k_dec,
     _q4_k_block4,
     _q4_k_sub_dots,
     _round_h,
@@ -354,6 +355,45 @@ def _row_k_fast(t, wu, wi, aq, ad, bs, nsb, scb):
     if t == TQ5_K:
         return r + summs
     return r
+
+
+@njit
+def _decode_q6_k_row(wu, nsb, qd):
+    """A Q6_K row's six-bit values (0..63) in activation order, 256 bytes per block, into ``qd``."""
+    for b in range(nsb):
+        o = b * 210
+        for h in range(2):
+            for g in range(4):
+                lo = o + h * 64 + (32 if (g & 1) else 0)
+                ls = 4 * (g >> 1)
+                p = b * 256 + (h * 4 + g) * 32
+                for e in range(32):
+                    qv = ((_u(wu, lo + e) >> ls) & 15) | (((_u(wu, o + 128 + h * 32 + e) >> (2 * g)) & 3) << 4)
+                    qd[p + e] = np.uint8(qv)
+
+
+@njit
+def _row_q6_k_dec(qd, wu, wi, aq, ad, bs, nsb, scb):
+    """:func:`_row_k_fast` for Q6_K from the row's decoded values (:func:`_decode_q6_k_row`): the
+    same lanes and float sums."""
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = F32(0.0)
+    for b in range(nsb):
+        ab = b * 256
+        bb = b * 16
+        o = b * 210
+        for i in range(16):
+            scb[i] = wi[o + 192 + i]
+        l0, l1, l2, l3, l4, l5, l6, l7 = _lanes_q6_k_dec(qd, b * 256, aq, ab, scb, 0)
+        d = ad[b] * _hb(wu, o + 208)
+        a0 = _fma(d, F32(l0 - 32 * (bs[bb + 0] * scb[0] + bs[bb + 1] * scb[1])), a0)
+        a1 = _fma(d, F32(l1 - 32 * (bs[bb + 2] * scb[2] + bs[bb + 3] * scb[3])), a1)
+        a2 = _fma(d, F32(l2 - 32 * (bs[bb + 4] * scb[4] + bs[bb + 5] * scb[5])), a2)
+        a3 = _fma(d, F32(l3 - 32 * (bs[bb + 6] * scb[6] + bs[bb + 7] * scb[7])), a3)
+        a4 = _fma(d, F32(l4 - 32 * (bs[bb + 8] * scb[8] + bs[bb + 9] * scb[9])), a4)
+        a5 = _fma(d, F32(l5 - 32 * (bs[bb + 10] * scb[10] + bs[bb + 11] * scb[11])), a5)
+        a6 = _fma(d, F32(l6 - 32 * (bs[bb + 12] * scb[12] + bs[bb + 13] * scb[13])), a6)
+        a7 = _fma(d, F32(l7 - 32 * (bs[bb + 14] * scb[14] + bs[bb + 15] * scb[15])), a7)
+    return ((a4 + a0) + (a6 + a2)) + ((a5 + a1) + (a7 + a3))
 
 
 @njit

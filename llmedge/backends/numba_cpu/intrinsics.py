@@ -909,3 +909,34 @@ def _lanes_fma8_x4(typingctx, src, off, stride, q, n, lanes):
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+@intrinsic
+def _lanes_q6_k_dec(typingctx, qd, qo, a, ao, sc, so):
+    """:data:`_lanes_q6_k` from a block already decoded to its 256 six-bit values (bytes at qd[qo:],
+    in activation order): the same integer lanes without the bit unpacking."""
+    sig = types.UniTuple(types.int32, 8)(qd, types.intp, a, types.intp, sc, types.intp)
+
+    def codegen(context, builder, signature, args):
+        qp = builder.gep(context.make_array(signature.args[0])(context, builder, args[0]).data, [args[1]])
+        ap = builder.gep(context.make_array(signature.args[2])(context, builder, args[2]).data, [args[3]])
+        scp = builder.gep(context.make_array(signature.args[4])(context, builder, args[4]).data, [args[5]])
+        v8i = _vt(_I32, 8)
+
+        def scale_vec(i0, i1):
+            s0 = builder.trunc(builder.load(builder.gep(scp, [ir.Constant(_I32, i0)])), _I16)
+            s1 = builder.trunc(builder.load(builder.gep(scp, [ir.Constant(_I32, i1)])), _I16)
+            v = ir.Constant(_vt(_I16, 16), ir.Undefined)
+            for ll in range(16):
+                v = builder.insert_element(v, s0 if ll < 8 else s1, ir.Constant(_I32, ll))
+            return v
+
+        total = ir.Constant(v8i, [0] * 8)
+        for c in range(8):
+            q = _load_bytes(builder, builder.gep(qp, [ir.Constant(_I32, 32 * c)]), 32)
+            y = _load_bytes(builder, builder.gep(ap, [ir.Constant(_I32, 32 * c)]), 32)
+            total = builder.add(total, _quad_sums(builder, q, y, 32, signed=False, scales16=scale_vec(2 * c, 2 * c + 1)))
+        vals = [builder.extract_element(total, ir.Constant(_I32, ll)) for ll in range(8)]
+        return context.make_tuple(builder, signature.return_type, vals)
+
+    return sig, codegen

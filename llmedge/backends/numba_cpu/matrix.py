@@ -26,6 +26,7 @@ from llmedge.backends.numba_cpu.common import (
     TQ8_0,
 )
 from llmedge.backends.numba_cpu.dots import (
+    _decode_q6_k_row,
     _k_scale_min,
     _q3_k_scale,
     _quant_q8_block,
@@ -37,6 +38,7 @@ from llmedge.backends.numba_cpu.dots import (
     _row_k_fast,
     _row_q4_k_r8,
     _row_q4_k_tiled,
+    _row_q6_k_dec,
     _row_q8_0_family,
     _row_q8_1_family,
     _row_q8_k_family,
@@ -217,13 +219,19 @@ def _mm_q8_k(x, wu, wi, t, out):
         _quantize_q8_k(x, aq, ad, bs)
     nc = min(m, 128)
     fast = FAST_ROWS and (t == TQ4_K or t == TQ5_K or t == TQ6_K)
+    dec = fast and t == TQ6_K and n >= 8  # a prompt: each Q6_K row unpacked once, not once per activation row
     for c in prange(nc):
         scb = np.empty(16, np.int32)
+        qd = np.empty(nsb * 256 if dec else 1, np.uint8)
         for j in range(c * m // nc, (c + 1) * m // nc):
             wr = wu[j]
             wir = wi[j]
+            if dec:
+                _decode_q6_k_row(wr, nsb, qd)
             for i in range(n):
-                if fast:
+                if dec:
+                    out[i, j] = _row_q6_k_dec(qd, wr, wir, aq[i], ad[i], bs[i], nsb, scb)
+                elif fast:
                     out[i, j] = _row_k_fast(t, wr, wir, aq[i], ad[i], bs[i], nsb, scb)
                 else:
                     out[i, j] = _row_q8_k_family(t, wr, wir, aq[i], ad[i], bs[i], nsb)
