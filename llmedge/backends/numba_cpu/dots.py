@@ -453,24 +453,30 @@ def _row_q4_k_r8_gemm(wu, aq, ad, bs, nsb, scb):
 
 
 @njit
-def _row4_q4_k_r8_gemm(wu, aq, ad, bs, i0, nsb, scb):
-    """:func:`_row_q4_k_r8_gemm` for activation rows i0 .. i0 + 3 of the 2-D ``aq`` / ``ad`` / ``bs``,
-    the block's scales, mins and nibbles decoded once for the four (each row summed exactly as
-    alone); ``scb`` holds 48 int32 (scales and mins, then the four rows' sub-block dots)."""
-    acc0 = acc1 = acc2 = acc3 = F32(0.0)
-    am0 = am1 = am2 = am3 = F32(0.0)
-    dots = scb[16:48]
+def _q4_k_row_scales(wu, nsb, sm, hdm):
+    """A Q4_K row's per-block sub-block scales (sm[b, 0:8]) and mins (sm[b, 8:16]) and its F16
+    scale and min as float32 (hdm[b]), decoded once for a prompt's activation rows."""
     for b in range(nsb):
         o = b * 144
-        ab = b * 256
-        bb = b * 16
         for sb in range(8):
             sc, mn = _k_scale_min(wu, o + 4, sb)
-            scb[sb] = sc
-            scb[8 + sb] = mn
-        hd = _hb(wu, o)
-        hm = _hb(wu, o + 2)
-        _q4_k_block4(wu, o, aq, i0, ab, scb, bs, bb, dots)
+            sm[b, sb] = sc
+            sm[b, 8 + sb] = mn
+        hdm[b, 0] = _hb(wu, o)
+        hdm[b, 1] = _hb(wu, o + 2)
+
+
+@njit
+def _row4_q4_k_r8_gemm(wu, sm, hdm, aq, ad, bs, i0, nsb, dots):
+    """:func:`_row_q4_k_r8_gemm` for activation rows i0 .. i0 + 3 of the 2-D ``aq`` / ``ad`` / ``bs``,
+    with the row's scales from :func:`_q4_k_row_scales` and each block's nibbles unpacked once for
+    the four (each row summed exactly as alone); ``dots`` holds 32 int32 of scratch."""
+    acc0 = acc1 = acc2 = acc3 = F32(0.0)
+    am0 = am1 = am2 = am3 = F32(0.0)
+    for b in range(nsb):
+        _q4_k_block4(wu, b * 144, aq, i0, b * 256, sm[b], bs, b * 16, dots)
+        hd = hdm[b, 0]
+        hm = hdm[b, 1]
         for r in range(4):
             i = i0 + r
             dd = hd * ad[i, b]

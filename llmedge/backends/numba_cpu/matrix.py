@@ -29,6 +29,7 @@ from llmedge.backends.numba_cpu.dots import (
     _decode_q6_k_row,
     _k_scale_min,
     _q3_k_scale,
+    _q4_k_row_scales,
     _quant_q8_block,
     _quant_q8_k_block,
     _quantize_q8_0,
@@ -262,12 +263,17 @@ def _mm_q4_k(x, wu, wi, out):
                 ad[i, b] = _quant_q8_k_block(x, i, b * 256, aq, bs, b * 16, i < n_head)
     nc = min(m, 128)
     for c in prange(nc):
-        scb = np.empty(48, np.int32)
+        scb = np.empty(16, np.int32)
+        dots = np.empty(32, np.int32)
+        sm = np.empty((nsb, 16), np.int32)
+        hdm = np.empty((nsb, 2), np.float32)
         for j in range(c * m // nc, (c + 1) * m // nc):
             wr = wu[j]
             wir = wi[j]
-            for i in range(0, n_head, 4):  # n_head > 0 only in mode 1
-                r0, r1, r2, r3 = _row4_q4_k_r8_gemm(wr, aq, ad, bs, i, nsb, scb)
+            if n_head > 0:  # only in mode 1
+                _q4_k_row_scales(wr, nsb, sm, hdm)
+            for i in range(0, n_head, 4):
+                r0, r1, r2, r3 = _row4_q4_k_r8_gemm(wr, sm, hdm, aq, ad, bs, i, nsb, dots)
                 out[i, j] = r0
                 out[i + 1, j] = r1
                 out[i + 2, j] = r2
