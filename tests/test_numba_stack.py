@@ -11,6 +11,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from backend_checks import fused_matches_op_by_op
@@ -62,3 +63,50 @@ def test_numba_fused_stack_declines_what_it_does_not_encode(model_paths: dict[st
         assert "qkv_bias" in (StackPlan.decline_reason(net) or "")
     finally:
         net.specs = saved
+
+
+def test_team_barrier_meets_and_gives_up_when_a_member_never_comes() -> None:
+    """The decode team's spin barrier: two members on two threads pass it; two members run one
+    after the other on one thread (what a missing pool thread would give) make the first give up
+    after its spin limit and the second see the failure flag, instead of both waiting forever."""
+    import numba
+    from numba import njit, prange
+
+    from llmedge.backends.numba_cpu.team import _barrier
+
+    @njit(parallel=True)
+    def meet(nth, sync, limit, ok):
+        for tid in prange(nth):
+            ok[tid] = _barrier(sync, nth, limit) and _barrier(sync, 2 * nth, limit)
+
+    saved = numba.get_num_threads()
+    try:
+        numba.set_num_threads(2)
+        sync, ok = np.zeros(2, np.int64), np.zeros(2, np.bool_)
+        meet(2, sync, 1 << 28, ok)
+        assert ok.all() and sync[0] == 4 and sync[1] == 0
+        numba.set_num_threads(1)
+        sync, ok = np.zeros(2, np.int64), np.ones(2, np.bool_)
+        meet(2, sync, 1 << 12, ok)
+        assert not ok.any() and sync[1] != 0
+    finally:
+        numba.set_num_threads(saved)
+
+
+def test_team_steps_of_two_and_three_rows_equal_op_by_op(model_paths: dict[str, Path]) -> None:
+    """Steps of up to three rows (decode, short speculative verifications) run as one team region
+    on two threads; their logits equal the op-by-op path's exactly, on both real models."""
+    for name in ("smollm2", "gemma3"):
+        m = Model(model_paths[name], backend="numba", n_ctx=128, n_batch=32, n_threads=2)
+        assert fused.TEAM_MAX_ROWS == 3
+        rows, _ = _paired(m, _ids(m, 20), [17])
+        assert rows == 21
+        net, eng = m.model, m.engine
+        caches = {True: eng.new_cache(), False: eng.new_cache()}
+        for piece in (_ids(m, 9), [5, 6], [7, 8, 9]):
+            out = {}
+            for use in (True, False):
+                net._numba_stack = None if use else False
+                out[use] = eng.forward(caches[use], piece, all_logits=True)
+            np.testing.assert_array_equal(out[True], out[False])
+        net._numba_stack = None

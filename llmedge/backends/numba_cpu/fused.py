@@ -300,14 +300,14 @@ def _run_team(nth: int, plan: StackPlan, x: np.ndarray, pos: np.ndarray, ffa: np
     a member never came (the caller then runs the step op by op)."""
     global _team_failed
     from llmedge.backends.numba_cpu.backend import _gelu_table
-    from llmedge.backends.numba_cpu.team import _team_layers
+    from llmedge.backends.numba_cpu.team import SPIN_LIMIT, _team_layers
 
     n, d = x.shape
     ip = plan.ip
     nq, nk, nff = int((ip[:, 0] * ip[:, 2]).max()), int((ip[:, 1] * ip[:, 2]).max()), int(ip[:, 3].max())
     sync = np.zeros(2, np.int64)
     f = np.empty
-    _team_layers(nth, sync, 0, x, pos, ip, plan.fp, plan.wa, plan.wshape, plan.wt, plan.na, plan.nn, ffa, has_ff,
+    _team_layers(nth, sync, 0, SPIN_LIMIT, x, pos, ip, plan.fp, plan.wa, plan.wshape, plan.wt, plan.na, plan.nn, ffa, has_ff,
                  kv[1], kv[2], kv[3], kv[4], res, _gelu_table(), f(n * nq, np.float32), f(n * nk, np.float32),
                  f(n * nk, np.float32), f(n * nq, np.float32), f((n, d), np.float32), f(n * nff, np.float32),
                  f(n * nff, np.float32))

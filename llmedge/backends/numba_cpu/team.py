@@ -59,8 +59,8 @@ from llmedge.backends.numba_cpu.intrinsics import (
 )
 from llmedge.backends.numba_cpu.ops import _attn_row, _glu_range, _rms_norm_rows, _rope_rows
 
-#: spins after which a barrier gives up (a member that never came); far beyond any real wait
-_SPIN_LIMIT = 1 << 33
+#: spins after which a barrier gives up (a member that never came): seconds, far beyond any real wait
+SPIN_LIMIT = 1 << 28
 
 # ---------------------------------------------------------------------------------------------
 # atomics on an int64 array element
@@ -119,8 +119,9 @@ def _cpu_relax(typingctx):
 
 
 @njit
-def _barrier(sync, target):
-    """Arrive at the barrier whose all-arrived count is ``target``; False when the team failed."""
+def _barrier(sync, target, limit):
+    """Arrive at the barrier whose all-arrived count is ``target``; False when the team failed (a
+    member waited ``limit`` spins, or saw another give up)."""
     _atomic_add(sync, 0, 1)
     spins = 0
     while _atomic_load(sync, 0) < target:
@@ -128,7 +129,7 @@ def _barrier(sync, target):
             return False
         _cpu_relax()
         spins += 1
-        if spins > _SPIN_LIMIT:
+        if spins > limit:
             _atomic_add(sync, 1, 1)
             return False
     return True
@@ -259,7 +260,7 @@ def _post(hp, xp, nw, has_norm, eps, rs):
 
 
 @njit
-def _member(tid, nth, sync, base, x, pos, ip, fp, wa, wshape, wt, na, nn, ff, has_ff, ka, va, pa, kcap, res, gtab,
+def _member(tid, nth, sync, base, limit, x, pos, ip, fp, wa, wshape, wt, na, nn, ff, has_ff, ka, va, pa, kcap, res, gtab,
             q, k, v, o, h2, g, u):
     n, d = x.shape
     xp = x.copy()
@@ -284,7 +285,7 @@ def _member(tid, nth, sync, base, x, pos, ip, fp, wa, wshape, wt, na, nn, ff, ha
         _product(wt[b + 1], wu[1], wi[1], hp, qs, done, kd, tid, nth, scb)
         _product(wt[b + 2], wu[2], wi[2], hp, qs, done, vd, tid, nth, scb)
         nbar += nth
-        if not _barrier(sync, nbar):
+        if not _barrier(sync, nbar, limit):
             return
         # every Q head in a private copy; this member's KV heads normed, rotated and cached
         qp = np.empty((n, n_head, hd), np.float32)
@@ -327,7 +328,7 @@ def _member(tid, nth, sync, base, x, pos, ip, fp, wa, wshape, wt, na, nn, ff, ha
                         kl[cell, hh, e] = _f2h(kh[r, hh - g0, e])
                         vl[cell, hh, e] = _f2h(vd[r, hh * hd + e])
         nbar += nth
-        if not _barrier(sync, nbar):
+        if not _barrier(sync, nbar, limit):
             return
         # attention: this member's (row, head) tasks
         o3 = o[:n * nq].reshape(n, n_head, hd)
@@ -341,7 +342,7 @@ def _member(tid, nth, sync, base, x, pos, ip, fp, wa, wshape, wt, na, nn, ff, ha
             _attn_row(qp, kls, vls, True, task // n_head, task % n_head, group, pos, kps, fp[il, 8], ip[il, 7],
                       fp[il, 9], n, w, qc, acc, o3)
         nbar += nth
-        if not _barrier(sync, nbar):
+        if not _barrier(sync, nbar, limit):
             return
         # output projection
         o2 = o[:n * nq].reshape(n, nq)
@@ -349,7 +350,7 @@ def _member(tid, nth, sync, base, x, pos, ip, fp, wa, wshape, wt, na, nn, ff, ha
         done[:] = False
         _product(wt[b + 3], wu[3], wi[3], o2, qs, done, h2, tid, nth, scb)
         nbar += nth
-        if not _barrier(sync, nbar):
+        if not _barrier(sync, nbar, limit):
             return
         hp[:, :] = h2
         _post(hp, xp, norms[3], ip[il, 9] != 0, eps, fp[il, 10])
@@ -361,7 +362,7 @@ def _member(tid, nth, sync, base, x, pos, ip, fp, wa, wshape, wt, na, nn, ff, ha
         _product(wt[b + 4], wu[4], wi[4], hp, qs, done, gd, tid, nth, scb)
         _product(wt[b + 5], wu[5], wi[5], hp, qs, done, ud, tid, nth, scb)
         nbar += nth
-        if not _barrier(sync, nbar):
+        if not _barrier(sync, nbar, limit):
             return
         # the gated unit over every column (private), then this member's rows of down
         gu = np.empty((n, n_ff), np.float32)
@@ -370,7 +371,7 @@ def _member(tid, nth, sync, base, x, pos, ip, fp, wa, wshape, wt, na, nn, ff, ha
         done[:] = False
         _product(wt[b + 6], wu[6], wi[6], gu, qs, done, h2, tid, nth, scb)
         nbar += nth
-        if not _barrier(sync, nbar):
+        if not _barrier(sync, nbar, limit):
             return
         hp[:, :] = h2
         _post(hp, xp, norms[5], ip[il, 9] != 0, eps, fp[il, 10])
@@ -379,10 +380,10 @@ def _member(tid, nth, sync, base, x, pos, ip, fp, wa, wshape, wt, na, nn, ff, ha
 
 
 @njit(parallel=True, cache=True)
-def _team_layers(nth, sync, base, x, pos, ip, fp, wa, wshape, wt, na, nn, ff, has_ff, ka, va, pa, kcap, res, gtab,
+def _team_layers(nth, sync, base, limit, x, pos, ip, fp, wa, wshape, wt, na, nn, ff, has_ff, ka, va, pa, kcap, res, gtab,
                  q, k, v, o, h2, g, u):
     for tid in prange(nth):
-        _member(tid, nth, sync, base, x, pos, ip, fp, wa, wshape, wt, na, nn, ff, has_ff, ka, va, pa, kcap, res,
+        _member(tid, nth, sync, base, limit, x, pos, ip, fp, wa, wshape, wt, na, nn, ff, has_ff, ka, va, pa, kcap, res,
                 gtab, q, k, v, o, h2, g, u)
 
 
