@@ -10,7 +10,7 @@ Q4_K in every llama.cpp order: vec_dot, repacked GEMV/GEMM, tiled) and every flo
 llama.cpp bit for bit.
 
 The kernels compile on first use and are cached on disk (``$NUMBA_CACHE_DIR``, else
-``<user cache>/llmedge/numba``): the first run on a machine (or from a new checkout path) spends
+``<user cache>/llmedge/numba/<digest of the sources>``): the first run on a machine (or after an edit) spends
 about 40 s compiling (on 2 cores), later runs load them in half a second.
 """
 
