@@ -36,7 +36,6 @@ from llmedge.backends.numba_cpu.intrinsics import (
     _lanes_q6_k,
     _lanes_q6_k_dec,
     _q4_k_block4,
-    _q4_k_sub_dots,
     _round_h,
     _rowdot_q4_0,
     _rowdot_q4_1,
@@ -427,32 +426,6 @@ def _row_q4_k_r8(wu, aq, ad, bs, nsb, scb):
 
 
 @njit
-def _row_q4_k_r8_gemm(wu, aq, ad, bs, nsb, scb):
-    """Q4_K in the order of llama.cpp's repacked GEMM (activation rows in groups of 4): the
-    fused multiply-adds of :func:`_row_q4_k_r8` once per 64-value quarter of each block."""
-    acc = F32(0.0)
-    accm = F32(0.0)
-    for b in range(nsb):
-        o = b * 144
-        ab = b * 256
-        bb = b * 16
-        for sb in range(8):
-            sc, mn = _k_scale_min(wu, o + 4, sb)
-            scb[sb] = sc
-            scb[8 + sb] = mn
-        dd = _hb(wu, o) * ad[b]
-        dm = _hb(wu, o + 2) * ad[b]
-        dots = _q4_k_sub_dots(wu, o, aq, ab)
-        for j in range(4):
-            s1 = scb[2 * j] * np.int64(dots[2 * j]) + scb[2 * j + 1] * np.int64(dots[2 * j + 1])
-            s2 = (scb[8 + 2 * j] * (np.int64(bs[bb + 4 * j]) + bs[bb + 4 * j + 1])
-                  + scb[9 + 2 * j] * (np.int64(bs[bb + 4 * j + 2]) + bs[bb + 4 * j + 3]))
-            acc = _fma(F32(s1), dd, acc)
-            accm = _fma(F32(s2), dm, accm)
-    return acc - accm
-
-
-@njit
 def _q4_k_row_scales(wu, nsb, sm, hdm):
     """A Q4_K row's per-block sub-block scales (sm[b, 0:8]) and mins (sm[b, 8:16]) and its F16
     scale and min as float32 (hdm[b]), decoded once for a prompt's activation rows."""
@@ -468,7 +441,9 @@ def _q4_k_row_scales(wu, nsb, sm, hdm):
 
 @njit
 def _row4_q4_k_r8_gemm(wu, sm, hdm, aq, ad, bs, i0, nsb, dots):
-    """:func:`_row_q4_k_r8_gemm` for activation rows i0 .. i0 + 3 of the 2-D ``aq`` / ``ad`` / ``bs``,
+    """Q4_K in the order of llama.cpp's repacked GEMM (activation rows in groups of 4): per block and
+    64-value quarter j, acc += s1_j * (d * d8) and accm += s2_j * (dmin * d8), fused; result acc - accm;
+    for activation rows i0 .. i0 + 3 of the 2-D ``aq`` / ``ad`` / ``bs``,
     with the row's scales from :func:`_q4_k_row_scales` and each block's nibbles unpacked once for
     the four (each row summed exactly as alone); ``dots`` holds 32 int32 of scratch."""
     acc0 = acc1 = acc2 = acc3 = F32(0.0)

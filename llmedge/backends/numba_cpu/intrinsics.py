@@ -754,33 +754,6 @@ def _axpy_row(typingctx, src, off, p, acc, aoff, n):
     return sig, codegen
 
 
-@intrinsic
-def _q4_k_sub_dots(typingctx, w, o, a, ao):
-    """The eight exact integer dots of one Q4_K block's sub-blocks with Q8_K activations a[ao:ao+256]
-    (sub-block 2j: the low nibbles of the 32 bytes at o + 16 + 32j, 2j + 1: their high nibbles), each
-    as pmaddubsw/pmaddwd lanes summed (any order: the sums are exact)."""
-    sig = types.UniTuple(types.int32, 8)(w, types.intp, a, types.intp)
-
-    def codegen(context, builder, signature, args):
-        wp = builder.gep(context.make_array(signature.args[0])(context, builder, args[0]).data, [args[1]])
-        ap = builder.gep(context.make_array(signature.args[2])(context, builder, args[2]).data, [args[3]])
-        v8, v8i = _vt(_I8, 32), _vt(_I32, 8)
-        red = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_I32, [v8i]), "llvm.vector.reduce.add.v8i32")
-        out = []
-        for j in range(4):
-            q = _load_bytes(builder, builder.gep(wp, [ir.Constant(_I32, 16 + 32 * j)]), 32)
-            for half in range(2):
-                nib = builder.and_(builder.lshr(q, ir.Constant(v8, [4 * half] * 32)), ir.Constant(v8, [15] * 32))
-                av = _load_bytes(builder, builder.gep(ap, [ir.Constant(_I32, 64 * j + 32 * half)]), 32)
-                lanes = _quad_sums(builder, nib, av, 32, signed=False)
-                if lanes.type != v8i:  # pragma: no cover - the generic path already gives <8 x i32>
-                    lanes = builder.bitcast(lanes, v8i)
-                out.append(builder.call(red, [lanes]))
-        return context.make_tuple(builder, signature.return_type, out)
-
-    return sig, codegen
-
-
 def _ir_sum8x8(builder, vs):
     """Eight <8 x i32> -> one <8 x i32> of their lane totals (pairwise adds of even and odd lanes:
     phaddd's pattern; exact integers, so any order)."""
@@ -793,39 +766,6 @@ def _ir_sum8x8(builder, vs):
     p = [pair(vs[0], vs[1]), pair(vs[2], vs[3]), pair(vs[4], vs[5]), pair(vs[6], vs[7])]
     q = [pair(p[0], p[1]), pair(p[2], p[3])]
     return pair(q[0], q[1])
-
-
-@intrinsic
-def _q4_k_sub_dots4(typingctx, w, o, a, i0, ao, out):
-    """:func:`_q4_k_sub_dots` for activation rows i0 .. i0 + 3 of the 2-D ``a``, the weight nibbles
-    unpacked once: out[8 * r + s] = sub-block s's integer dot with row i0 + r."""
-    sig = types.void(w, types.intp, a, types.intp, types.intp, out)
-
-    def codegen(context, builder, signature, args):
-        wp = builder.gep(context.make_array(signature.args[0])(context, builder, args[0]).data, [args[1]])
-        aa = context.make_array(signature.args[2])(context, builder, args[2])
-        row_stride = cgutils.unpack_tuple(builder, aa.strides, 2)[0]
-        op = context.make_array(signature.args[5])(context, builder, args[5]).data
-        v8, v8i = _vt(_I8, 32), _vt(_I32, 8)
-        nibs = []
-        for j in range(4):
-            q = _load_bytes(builder, builder.gep(wp, [ir.Constant(_I32, 16 + 32 * j)]), 32)
-            for half in range(2):
-                nibs.append(builder.and_(builder.lshr(q, ir.Constant(v8, [4 * half] * 32)), ir.Constant(v8, [15] * 32)))
-        base = builder.bitcast(aa.data, ir.IntType(8).as_pointer())
-        for r in range(4):
-            row = builder.add(args[3], ir.Constant(args[3].type, r))
-            rp = builder.gep(base, [builder.add(builder.mul(row, row_stride), args[4])])
-            lanes = []
-            for s in range(8):
-                av = _load_bytes(builder, builder.gep(rp, [ir.Constant(_I32, 32 * s)]), 32)
-                lanes.append(_quad_sums(builder, nibs[s], av, 32, signed=False))
-            tot = _ir_sum8x8(builder, lanes)
-            dst = builder.bitcast(builder.gep(op, [ir.Constant(_I32, 8 * r)]), v8i.as_pointer())
-            builder.store(tot, dst, align=4)
-        return context.get_dummy_value()
-
-    return sig, codegen
 
 
 @intrinsic
@@ -845,7 +785,7 @@ def _q4_k_block4(typingctx, w, o, a, i0, ao, sc, bs, bo, out):
         ba = context.make_array(signature.args[6])(context, builder, args[6])
         b_stride = cgutils.unpack_tuple(builder, ba.strides, 2)[0]
         op = context.make_array(signature.args[8])(context, builder, args[8]).data
-        v8, v8i, v4i = _vt(_I8, 32), _vt(_I32, 8), _vt(_I32, 4)
+        v8, v8i = _vt(_I8, 32), _vt(_I32, 8)
         nibs = []
         for j in range(4):
             q = _load_bytes(builder, builder.gep(wp, [ir.Constant(_I32, 16 + 32 * j)]), 32)
@@ -875,7 +815,6 @@ def _q4_k_block4(typingctx, w, o, a, i0, ao, sc, bs, bo, out):
             s2 = halves(builder.mul(bpair, mins))
             both = _shuf(builder, s1, s2, list(range(8)))
             builder.store(both, builder.bitcast(builder.gep(op, [ir.Constant(_I32, 8 * r)]), v8i.as_pointer()), align=4)
-        del v4i
         return context.get_dummy_value()
 
     return sig, codegen
