@@ -556,7 +556,7 @@ def test_half_conversions_equal_the_integer_versions() -> None:
     rng = np.random.default_rng(5)
     bits = rng.integers(0, 1 << 32, 1_000_000, dtype=np.uint64).astype(np.uint32)
     ties = (np.arange(65536, dtype=np.uint32) << 13) | (1 << 12)  # exactly halfway between halves
-    fs = np.concatenate([bits, ties, ties ^ 0x80000000, hs.astype(np.float16).astype(np.float32).view(np.uint32),
+    fs = np.concatenate([bits, ties, ties ^ 0x80000000, hs.view(np.float16).astype(np.float32).view(np.uint32),
                          np.array([0x7F800000, 0xFF800000, 0x7FC00001, 0xFF812345, 0x477FF000, 0x477FEFFF,
                                    0x33000000, 0x33000001, 0x387FC000], np.uint32)]).view(np.float32)
     out_h = np.empty((2, fs.size), np.uint16)
