@@ -295,6 +295,22 @@ def _row_q8_k_family(t, wu, wi, aq, ad, bs, nsb):
 
 
 @njit
+def _q6_k_fma8(lanes, d, bs, bb, scb, a0, a1, a2, a3, a4, a5, a6, a7):
+    """One Q6_K block's float step in ggml's AVX2 order: lane l += d * (lanes[l] - 32 * (the two
+    sub-block scales times their activation sums)), fused."""
+    l0, l1, l2, l3, l4, l5, l6, l7 = lanes
+    a0 = _fma(d, F32(l0 - 32 * (bs[bb + 0] * scb[0] + bs[bb + 1] * scb[1])), a0)
+    a1 = _fma(d, F32(l1 - 32 * (bs[bb + 2] * scb[2] + bs[bb + 3] * scb[3])), a1)
+    a2 = _fma(d, F32(l2 - 32 * (bs[bb + 4] * scb[4] + bs[bb + 5] * scb[5])), a2)
+    a3 = _fma(d, F32(l3 - 32 * (bs[bb + 6] * scb[6] + bs[bb + 7] * scb[7])), a3)
+    a4 = _fma(d, F32(l4 - 32 * (bs[bb + 8] * scb[8] + bs[bb + 9] * scb[9])), a4)
+    a5 = _fma(d, F32(l5 - 32 * (bs[bb + 10] * scb[10] + bs[bb + 11] * scb[11])), a5)
+    a6 = _fma(d, F32(l6 - 32 * (bs[bb + 12] * scb[12] + bs[bb + 13] * scb[13])), a6)
+    a7 = _fma(d, F32(l7 - 32 * (bs[bb + 14] * scb[14] + bs[bb + 15] * scb[15])), a7)
+    return a0, a1, a2, a3, a4, a5, a6, a7
+
+
+@njit
 def _row_k_fast(t, wu, wi, aq, ad, bs, nsb, scb):
     """Q4_K / Q5_K / Q6_K times Q8_K in ggml's AVX2 order (8 float lanes, llama.cpp's final sums)."""
     a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = F32(0.0)
@@ -307,16 +323,9 @@ def _row_k_fast(t, wu, wi, aq, ad, bs, nsb, scb):
             o = b * 210
             for i in range(16):
                 scb[i] = wi[o + 192 + i]
-            l0, l1, l2, l3, l4, l5, l6, l7 = _lanes_q6_k(wu, o, aq, ab, scb, 0)
-            d = ad[b] * _hb(wu, o + 208)
-            a0 = _fma(d, F32(l0 - 32 * (bs[bb + 0] * scb[0] + bs[bb + 1] * scb[1])), a0)
-            a1 = _fma(d, F32(l1 - 32 * (bs[bb + 2] * scb[2] + bs[bb + 3] * scb[3])), a1)
-            a2 = _fma(d, F32(l2 - 32 * (bs[bb + 4] * scb[4] + bs[bb + 5] * scb[5])), a2)
-            a3 = _fma(d, F32(l3 - 32 * (bs[bb + 6] * scb[6] + bs[bb + 7] * scb[7])), a3)
-            a4 = _fma(d, F32(l4 - 32 * (bs[bb + 8] * scb[8] + bs[bb + 9] * scb[9])), a4)
-            a5 = _fma(d, F32(l5 - 32 * (bs[bb + 10] * scb[10] + bs[bb + 11] * scb[11])), a5)
-            a6 = _fma(d, F32(l6 - 32 * (bs[bb + 12] * scb[12] + bs[bb + 13] * scb[13])), a6)
-            a7 = _fma(d, F32(l7 - 32 * (bs[bb + 14] * scb[14] + bs[bb + 15] * scb[15])), a7)
+            lanes = _lanes_q6_k(wu, o, aq, ab, scb, 0)
+            a0, a1, a2, a3, a4, a5, a6, a7 = _q6_k_fma8(lanes, ad[b] * _hb(wu, o + 208), bs, bb, scb,
+                                                        a0, a1, a2, a3, a4, a5, a6, a7)
         else:
             o = b * (144 if t == TQ4_K else 176)
             for sb in range(8):
@@ -382,16 +391,9 @@ def _row_q6_k_dec(qd, wu, wi, aq, ad, bs, nsb, scb):
         o = b * 210
         for i in range(16):
             scb[i] = wi[o + 192 + i]
-        l0, l1, l2, l3, l4, l5, l6, l7 = _lanes_q6_k_dec(qd, b * 256, aq, ab, scb, 0)
-        d = ad[b] * _hb(wu, o + 208)
-        a0 = _fma(d, F32(l0 - 32 * (bs[bb + 0] * scb[0] + bs[bb + 1] * scb[1])), a0)
-        a1 = _fma(d, F32(l1 - 32 * (bs[bb + 2] * scb[2] + bs[bb + 3] * scb[3])), a1)
-        a2 = _fma(d, F32(l2 - 32 * (bs[bb + 4] * scb[4] + bs[bb + 5] * scb[5])), a2)
-        a3 = _fma(d, F32(l3 - 32 * (bs[bb + 6] * scb[6] + bs[bb + 7] * scb[7])), a3)
-        a4 = _fma(d, F32(l4 - 32 * (bs[bb + 8] * scb[8] + bs[bb + 9] * scb[9])), a4)
-        a5 = _fma(d, F32(l5 - 32 * (bs[bb + 10] * scb[10] + bs[bb + 11] * scb[11])), a5)
-        a6 = _fma(d, F32(l6 - 32 * (bs[bb + 12] * scb[12] + bs[bb + 13] * scb[13])), a6)
-        a7 = _fma(d, F32(l7 - 32 * (bs[bb + 14] * scb[14] + bs[bb + 15] * scb[15])), a7)
+        lanes = _lanes_q6_k_dec(qd, b * 256, aq, ab, scb, 0)
+        a0, a1, a2, a3, a4, a5, a6, a7 = _q6_k_fma8(lanes, ad[b] * _hb(wu, o + 208), bs, bb, scb,
+                                                    a0, a1, a2, a3, a4, a5, a6, a7)
     return ((a4 + a0) + (a6 + a2)) + ((a5 + a1) + (a7 + a3))
 
 

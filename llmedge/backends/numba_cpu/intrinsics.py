@@ -458,6 +458,16 @@ _rowdot_q4_1 = _make_rowdot32(TQ4_1)
 _rowdot_q5_1 = _make_rowdot32(TQ5_1)
 
 
+def _ir_scale_pair(builder, scp, i0, i1):
+    """<16 x i16>: the int32 scale scp[i0] for the first 8 pairs (values 0-15), scp[i1] for the rest."""
+    s0 = builder.trunc(builder.load(builder.gep(scp, [ir.Constant(_I32, i0)])), _I16)
+    s1 = builder.trunc(builder.load(builder.gep(scp, [ir.Constant(_I32, i1)])), _I16)
+    v = ir.Constant(_vt(_I16, 16), ir.Undefined)
+    for ll in range(16):
+        v = builder.insert_element(v, s0 if ll < 8 else s1, ir.Constant(_I32, ll))
+    return v
+
+
 def _make_lanes_k(t):
     """One K-quant super-block: the 8 int32 lanes of ggml's AVX2 ``sumi`` (sub-block scales from
     ``sc[so:]``), as a tuple; Q6_K without its -32 offset term."""
@@ -479,13 +489,7 @@ def _make_lanes_k(t):
                 return _load_bytes(builder, builder.gep(wp, [ir.Constant(_I32, off)]), 32)
 
             def scale_vec(i0, i1):
-                """<16 x i16>: scale i0 for the first 8 pairs (values 0-15), i1 for the rest."""
-                s0 = builder.trunc(builder.load(builder.gep(scp, [ir.Constant(_I32, i0)])), _I16)
-                s1 = builder.trunc(builder.load(builder.gep(scp, [ir.Constant(_I32, i1)])), _I16)
-                v = ir.Constant(_vt(_I16, 16), ir.Undefined)
-                for ll in range(16):
-                    v = builder.insert_element(v, s0 if ll < 8 else s1, ir.Constant(_I32, ll))
-                return v
+                return _ir_scale_pair(builder, scp, i0, i1)
 
             total = ir.Constant(v8i, [0] * 8)
             chunks = []
@@ -862,19 +866,11 @@ def _lanes_q6_k_dec(typingctx, qd, qo, a, ao, sc, so):
         scp = builder.gep(context.make_array(signature.args[4])(context, builder, args[4]).data, [args[5]])
         v8i = _vt(_I32, 8)
 
-        def scale_vec(i0, i1):
-            s0 = builder.trunc(builder.load(builder.gep(scp, [ir.Constant(_I32, i0)])), _I16)
-            s1 = builder.trunc(builder.load(builder.gep(scp, [ir.Constant(_I32, i1)])), _I16)
-            v = ir.Constant(_vt(_I16, 16), ir.Undefined)
-            for ll in range(16):
-                v = builder.insert_element(v, s0 if ll < 8 else s1, ir.Constant(_I32, ll))
-            return v
-
         total = ir.Constant(v8i, [0] * 8)
         for c in range(8):
             q = _load_bytes(builder, builder.gep(qp, [ir.Constant(_I32, 32 * c)]), 32)
             y = _load_bytes(builder, builder.gep(ap, [ir.Constant(_I32, 32 * c)]), 32)
-            total = builder.add(total, _quad_sums(builder, q, y, 32, signed=False, scales16=scale_vec(2 * c, 2 * c + 1)))
+            total = builder.add(total, _quad_sums(builder, q, y, 32, signed=False, scales16=_ir_scale_pair(builder, scp, 2 * c, 2 * c + 1)))
         vals = [builder.extract_element(total, ir.Constant(_I32, ll)) for ll in range(8)]
         return context.make_tuple(builder, signature.return_type, vals)
 
