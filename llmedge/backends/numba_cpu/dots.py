@@ -35,7 +35,6 @@ from llmedge.backends.numba_cpu.intrinsics import (
     _lanes_q5_k,
     _lanes_q6_k,
     _lanes_q6_k_dec,
-    _q4_k_block4,
     _round_h,
     _rowdot_q4_0,
     _rowdot_q4_1,
@@ -439,47 +438,6 @@ def _q4_k_row_scales(wu, nsb, sm, hdm):
             sm[b, 8 + sb] = mn
         hdm[b, 0] = _hb(wu, o)
         hdm[b, 1] = _hb(wu, o + 2)
-
-
-@njit
-def _row4_q4_k_r8_gemm(wu, sm, hdm, aq, ad, bs, i0, nsb, dots):
-    """Q4_K in the order of llama.cpp's repacked GEMM (activation rows in groups of 4): per block and
-    64-value quarter j, acc += s1_j * (d * d8) and accm += s2_j * (dmin * d8), fused; result acc - accm;
-    for activation rows i0 .. i0 + 3 of the 2-D ``aq`` / ``ad`` / ``bs``,
-    with the row's scales from :func:`_q4_k_row_scales` and each block's nibbles unpacked once for
-    the four (each row summed exactly as alone); ``dots`` holds 32 int32 of scratch."""
-    acc0 = acc1 = acc2 = acc3 = F32(0.0)
-    am0 = am1 = am2 = am3 = F32(0.0)
-    for b in range(nsb):
-        _q4_k_block4(wu, b * 144, aq, i0, b * 256, sm[b], bs, b * 16, dots)
-        hd = hdm[b, 0]
-        hm = hdm[b, 1]
-        for r in range(4):
-            i = i0 + r
-            dd = hd * ad[i, b]
-            dm = hm * ad[i, b]
-            acc = F32(0.0)
-            accm = F32(0.0)
-            if r == 0:
-                acc, accm = acc0, am0
-            elif r == 1:
-                acc, accm = acc1, am1
-            elif r == 2:
-                acc, accm = acc2, am2
-            else:
-                acc, accm = acc3, am3
-            for j in range(4):
-                acc = _fma(F32(dots[8 * r + j]), dd, acc)
-                accm = _fma(F32(dots[8 * r + 4 + j]), dm, accm)
-            if r == 0:
-                acc0, am0 = acc, accm
-            elif r == 1:
-                acc1, am1 = acc, accm
-            elif r == 2:
-                acc2, am2 = acc, accm
-            else:
-                acc3, am3 = acc, accm
-    return acc0 - am0, acc1 - am1, acc2 - am2, acc3 - am3
 
 
 @njit

@@ -773,58 +773,6 @@ def _ir_sum8x8(builder, vs):
 
 
 @intrinsic
-def _q4_k_block4(typingctx, w, o, a, i0, ao, sc, bs, bo, out):
-    """One Q4_K block (at byte ``o`` of ``w``) against activation rows i0 .. i0 + 3 of the 2-D Q8_K
-    ``a`` (values ao .. ao + 255) and their 16-value sums ``bs`` (from column bo), the block's
-    scales in sc[0:8] and mins in sc[8:16]: for each row r and quarter j, the exact integers
-    out[8r + j] = sc[2j] dot_2j + sc[2j+1] dot_2j+1 and out[8r + 4 + j] = mn[2j] (bs[4j] + bs[4j+1])
-    + mn[2j+1] (bs[4j+2] + bs[4j+3]) (in int32, which holds them: |s1| < 2^23, |s2| < 2^20)."""
-    sig = types.void(w, types.intp, a, types.intp, types.intp, sc, bs, types.intp, out)
-
-    def codegen(context, builder, signature, args):
-        wp = builder.gep(context.make_array(signature.args[0])(context, builder, args[0]).data, [args[1]])
-        aa = context.make_array(signature.args[2])(context, builder, args[2])
-        a_stride = cgutils.unpack_tuple(builder, aa.strides, 2)[0]
-        scp = context.make_array(signature.args[5])(context, builder, args[5]).data
-        ba = context.make_array(signature.args[6])(context, builder, args[6])
-        b_stride = cgutils.unpack_tuple(builder, ba.strides, 2)[0]
-        op = context.make_array(signature.args[8])(context, builder, args[8]).data
-        v8, v8i = _vt(_I8, 32), _vt(_I32, 8)
-        nibs = []
-        for j in range(4):
-            q = _load_bytes(builder, builder.gep(wp, [ir.Constant(_I32, 16 + 32 * j)]), 32)
-            for half in range(2):
-                nibs.append(builder.and_(builder.lshr(q, ir.Constant(v8, [4 * half] * 32)), ir.Constant(v8, [15] * 32)))
-        scales = builder.load(builder.bitcast(scp, v8i.as_pointer()), align=4)
-        mins = builder.load(builder.bitcast(builder.gep(scp, [ir.Constant(_I32, 8)]), v8i.as_pointer()), align=4)
-
-        def halves(v):  # <8 x i32> -> <4 x i32> of adjacent pair sums
-            return builder.add(_shuf(builder, v, v, [0, 2, 4, 6]), _shuf(builder, v, v, [1, 3, 5, 7]))
-
-        abase = builder.bitcast(aa.data, ir.IntType(8).as_pointer())
-        bbase = builder.bitcast(ba.data, ir.IntType(8).as_pointer())
-        for r in range(4):
-            row = builder.add(args[3], ir.Constant(args[3].type, r))
-            rp = builder.gep(abase, [builder.add(builder.mul(row, a_stride), args[4])])
-            lanes = []
-            for s in range(8):
-                av = _load_bytes(builder, builder.gep(rp, [ir.Constant(_I32, 32 * s)]), 32)
-                lanes.append(_quad_sums(builder, nibs[s], av, 32, signed=False))
-            dots = _ir_sum8x8(builder, lanes)
-            s1 = halves(builder.mul(dots, scales))
-            bp = builder.gep(bbase, [builder.add(builder.mul(row, b_stride),
-                                                 builder.mul(args[7], ir.Constant(args[7].type, 4)))])
-            b16 = builder.load(builder.bitcast(bp, _vt(_I32, 16).as_pointer()), align=4)
-            bpair = builder.add(_shuf(builder, b16, b16, list(range(0, 16, 2))), _shuf(builder, b16, b16, list(range(1, 16, 2))))
-            s2 = halves(builder.mul(bpair, mins))
-            both = _shuf(builder, s1, s2, list(range(8)))
-            builder.store(both, builder.bitcast(builder.gep(op, [ir.Constant(_I32, 8 * r)]), v8i.as_pointer()), align=4)
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-@intrinsic
 def _lanes_fma8_x4(typingctx, src, off, stride, q, n, lanes):
     """:data:`_lanes_fma8` for four rows of ``src`` at once (at off + r * stride, r < 4) into
     lanes[8r:8r + 8]: four independent chains of fused multiply-adds overlap instead of waiting on
@@ -872,6 +820,132 @@ def _lanes_q6_k_dec(typingctx, qd, qo, a, ao, sc, so):
             y = _load_bytes(builder, builder.gep(ap, [ir.Constant(_I32, 32 * c)]), 32)
             total = builder.add(total, _quad_sums(builder, q, y, 32, signed=False, scales16=_ir_scale_pair(builder, scp, 2 * c, 2 * c + 1)))
         vals = [builder.extract_element(total, ir.Constant(_I32, ll)) for ll in range(8)]
+        return context.make_tuple(builder, signature.return_type, vals)
+
+    return sig, codegen
+
+
+def _row_ptr(context, builder, aty, aval, row, col):
+    """Byte pointer to element [row, col] of the 2-D array ``aval`` (any strides)."""
+    arr = context.make_array(aty)(context, builder, aval)
+    rs, cs = cgutils.unpack_tuple(builder, arr.strides, 2)
+    off = builder.add(builder.mul(row, rs), builder.mul(col, cs))
+    return builder.gep(builder.bitcast(arr.data, ir.IntType(8).as_pointer()), [off])
+
+
+@intrinsic
+def _q6_k_rows4(typingctx, qd, w, a, ad, bs, i0, nsb):
+    """A Q6_K row (decoded six-bit values ``qd`` from :func:`_decode_q6_k_row`, its raw bytes ``w``
+    for the scales) times activation rows i0 .. i0 + 3 of the 2-D Q8_K ``a`` / ``ad`` / ``bs``, as a
+    tuple of four floats: per row exactly :func:`_row_q6_k_dec`'s lanes, corrections and fused
+    multiply-adds, with the float steps as one vector step (not eight scalar ones) and each
+    block's values and scales loaded once for the four rows."""
+    sig = types.UniTuple(types.float32, 4)(qd, w, a, ad, bs, types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        qp = context.make_array(signature.args[0])(context, builder, args[0]).data
+        wp = context.make_array(signature.args[1])(context, builder, args[1]).data
+        i0, nsb = args[5], args[6]
+        it = i0.type
+        v8f, v8i, v16s, v16i = _vt(_FLT, 8), _vt(_I32, 8), _vt(_I16, 16), _vt(_I32, 16)
+        rows = [builder.add(i0, ir.Constant(it, r)) for r in range(4)]
+        accs = [cgutils.alloca_once_value(builder, ir.Constant(v8f, [0.0] * 8)) for _ in range(4)]
+        thirty2 = ir.Constant(v8i, [32] * 8)
+        with cgutils.for_range(builder, nsb) as loop:
+            b = loop.index
+            qb = builder.gep(qp, [builder.mul(b, ir.Constant(it, 256))])
+            wb = builder.gep(wp, [builder.mul(b, ir.Constant(it, 210))])
+            sc8 = _load_bytes(builder, builder.gep(wb, [ir.Constant(_I32, 192)]), 16)
+            sc16 = builder.sext(sc8, v16s)
+            sc32 = builder.sext(sc8, v16i)
+            scales = [_shuf(builder, sc16, sc16, [2 * c] * 8 + [2 * c + 1] * 8) for c in range(8)]
+            qs = [_load_bytes(builder, builder.gep(qb, [ir.Constant(_I32, 32 * c)]), 32) for c in range(8)]
+            dh = _ir_h2f(builder, builder.gep(wb, [ir.Constant(_I32, 208)]))
+            for r in range(4):
+                ap = _row_ptr(context, builder, signature.args[2], args[2], rows[r], builder.mul(b, ir.Constant(it, 256)))
+                total = ir.Constant(v8i, [0] * 8)
+                for c in range(8):
+                    y = _load_bytes(builder, builder.gep(ap, [ir.Constant(_I32, 32 * c)]), 32)
+                    total = builder.add(total, _quad_sums(builder, qs[c], y, 32, signed=False, scales16=scales[c]))
+                bp = _row_ptr(context, builder, signature.args[4], args[4], rows[r], builder.mul(b, ir.Constant(it, 16)))
+                prod = builder.mul(builder.load(builder.bitcast(bp, v16i.as_pointer()), align=4), sc32)
+                corr = builder.add(_shuf(builder, prod, prod, list(range(0, 16, 2))),
+                                   _shuf(builder, prod, prod, list(range(1, 16, 2))))
+                lanes = builder.sub(total, builder.mul(thirty2, corr))
+                dp = _row_ptr(context, builder, signature.args[3], args[3], rows[r], b)
+                d = builder.fmul(builder.load(builder.bitcast(dp, _FLT.as_pointer()), align=4), dh)
+                acc = builder.load(accs[r])
+                builder.store(_ir_fma(builder, _ir_splat_f(builder, d, 8), builder.sitofp(lanes, v8f), acc), accs[r])
+        vals = [_ir_hsum8(builder, builder.load(accs[r])) for r in range(4)]
+        return context.make_tuple(builder, signature.return_type, vals)
+
+    return sig, codegen
+
+
+@intrinsic
+def _q4_k_rows4(typingctx, w, sm, hdm, a, ad, bs, i0, nsb):
+    """A Q4_K row (raw bytes ``w``; its scales and mins ``sm`` [nsb, 16] and F16 scale and min
+    ``hdm`` [nsb, 2] from :func:`_q4_k_row_scales`) times activation rows i0 .. i0 + 3 of the 2-D
+    Q8_K ``a`` / ``ad`` / ``bs``: four floats in the order of llama.cpp's repacked Q4_K GEMM (per
+    block and 64-value quarter j: acc += s1_j * (d * d8), accm += s2_j * (dmin * d8), fused; result
+    acc - accm), each row summed exactly as alone; the four rows' float steps are one vector step
+    and each block's nibbles are unpacked once for them."""
+    sig = types.UniTuple(types.float32, 4)(w, sm, hdm, a, ad, bs, types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        wp = context.make_array(signature.args[0])(context, builder, args[0]).data
+        smp = context.make_array(signature.args[1])(context, builder, args[1]).data
+        hdp = context.make_array(signature.args[2])(context, builder, args[2]).data
+        i0, nsb = args[6], args[7]
+        it = i0.type
+        v8, v8i, v4f, v16i = _vt(_I8, 32), _vt(_I32, 8), _vt(_FLT, 4), _vt(_I32, 16)
+        rows = [builder.add(i0, ir.Constant(it, r)) for r in range(4)]
+        acc_p = cgutils.alloca_once_value(builder, ir.Constant(v4f, [0.0] * 4))
+        accm_p = cgutils.alloca_once_value(builder, ir.Constant(v4f, [0.0] * 4))
+        with cgutils.for_range(builder, nsb) as loop:
+            b = loop.index
+            wb = builder.gep(wp, [builder.mul(b, ir.Constant(it, 144))])
+            scp = builder.gep(smp, [builder.mul(b, ir.Constant(it, 16))])
+            nibs = []
+            for j in range(4):
+                q = _load_bytes(builder, builder.gep(wb, [ir.Constant(_I32, 16 + 32 * j)]), 32)
+                for half in range(2):
+                    nibs.append(builder.and_(builder.lshr(q, ir.Constant(v8, [4 * half] * 32)), ir.Constant(v8, [15] * 32)))
+            sc = [_ir_scale_pair(builder, scp, s, s) for s in range(8)]
+            mins = builder.load(builder.bitcast(builder.gep(scp, [ir.Constant(_I32, 8)]), v8i.as_pointer()), align=4)
+            quarters, minsums = [], []
+            for r in range(4):
+                ap = _row_ptr(context, builder, signature.args[3], args[3], rows[r], builder.mul(b, ir.Constant(it, 256)))
+                m = [_quad_sums(builder, nibs[s], _load_bytes(builder, builder.gep(ap, [ir.Constant(_I32, 32 * s)]), 32),
+                                32, signed=False, scales16=sc[s]) for s in range(8)]
+                quarters += [builder.add(m[2 * j], m[2 * j + 1]) for j in range(4)]
+                bp = _row_ptr(context, builder, signature.args[5], args[5], rows[r], builder.mul(b, ir.Constant(it, 16)))
+                b16 = builder.load(builder.bitcast(bp, v16i.as_pointer()), align=4)
+                bpair = builder.add(_shuf(builder, b16, b16, list(range(0, 16, 2))), _shuf(builder, b16, b16, list(range(1, 16, 2))))
+                pm = builder.mul(bpair, mins)
+                minsums.append(builder.add(_shuf(builder, pm, pm, [0, 2, 4, 6]), _shuf(builder, pm, pm, [1, 3, 5, 7])))
+            t01 = _ir_sum8x8(builder, quarters[:8])  # lanes: row 0's quarters 0-3, row 1's
+            t23 = _ir_sum8x8(builder, quarters[8:])
+            u01 = _shuf(builder, minsums[0], minsums[1], range(8))
+            u23 = _shuf(builder, minsums[2], minsums[3], range(8))
+            d8 = ir.Constant(v4f, ir.Undefined)
+            for r in range(4):
+                dp = _row_ptr(context, builder, signature.args[4], args[4], rows[r], b)
+                d8 = builder.insert_element(d8, builder.load(builder.bitcast(dp, _FLT.as_pointer()), align=4),
+                                            ir.Constant(_I32, r))
+            hb = builder.gep(hdp, [builder.mul(b, ir.Constant(it, 2))])
+            dd = builder.fmul(_ir_splat_f(builder, builder.load(hb), 4), d8)
+            dm = builder.fmul(_ir_splat_f(builder, builder.load(builder.gep(hb, [ir.Constant(_I32, 1)])), 4), d8)
+            acc, accm = builder.load(acc_p), builder.load(accm_p)
+            for j in range(4):
+                s1 = builder.sitofp(_shuf(builder, t01, t23, [j, 4 + j, 8 + j, 12 + j]), v4f)
+                s2 = builder.sitofp(_shuf(builder, u01, u23, [j, 4 + j, 8 + j, 12 + j]), v4f)
+                acc = _ir_fma(builder, s1, dd, acc)
+                accm = _ir_fma(builder, s2, dm, accm)
+            builder.store(acc, acc_p)
+            builder.store(accm, accm_p)
+        res = builder.fsub(builder.load(acc_p), builder.load(accm_p))
+        vals = [builder.extract_element(res, ir.Constant(_I32, r)) for r in range(4)]
         return context.make_tuple(builder, signature.return_type, vals)
 
     return sig, codegen

@@ -35,7 +35,6 @@ from llmedge.backends.numba_cpu.dots import (
     _quantize_q8_0,
     _quantize_q8_1,
     _quantize_q8_k,
-    _row4_q4_k_r8_gemm,
     _row_k_fast,
     _row_q4_k_r8,
     _row_q4_k_tiled,
@@ -49,6 +48,8 @@ from llmedge.backends.numba_cpu.intrinsics import (
     FAST_ROWS,
     _h2f,
     _hb,
+    _q4_k_rows4,
+    _q6_k_rows4,
     _round_bf16,
     _round_h,
     _rowdot4_q4_0,
@@ -227,9 +228,17 @@ def _mm_q8_k(x, wu, wi, t, out):
         for j in range(c * m // nc, (c + 1) * m // nc):
             wr = wu[j]
             wir = wi[j]
+            i4 = 0
             if dec:
                 _decode_q6_k_row(wr, nsb, qd)
-            for i in range(n):
+                i4 = n - n % 4
+                for i in range(0, i4, 4):
+                    r0, r1, r2, r3 = _q6_k_rows4(qd, wr, aq, ad, bs, i, nsb)
+                    out[i, j] = r0
+                    out[i + 1, j] = r1
+                    out[i + 2, j] = r2
+                    out[i + 3, j] = r3
+            for i in range(i4, n):
                 if dec:
                     out[i, j] = _row_q6_k_dec(qd, wr, wir, aq[i], ad[i], bs[i], nsb, scb)
                 elif fast:
@@ -264,7 +273,6 @@ def _mm_q4_k(x, wu, wi, out):
     nc = min(m, 128)
     for c in prange(nc):
         scb = np.empty(16, np.int32)
-        dots = np.empty(32, np.int32)
         sm = np.empty((nsb, 16), np.int32)
         hdm = np.empty((nsb, 2), np.float32)
         for j in range(c * m // nc, (c + 1) * m // nc):
@@ -273,7 +281,7 @@ def _mm_q4_k(x, wu, wi, out):
             if n_head > 0:  # only in mode 1
                 _q4_k_row_scales(wr, nsb, sm, hdm)
             for i in range(0, n_head, 4):
-                r0, r1, r2, r3 = _row4_q4_k_r8_gemm(wr, sm, hdm, aq, ad, bs, i, nsb, dots)
+                r0, r1, r2, r3 = _q4_k_rows4(wr, sm, hdm, aq, ad, bs, i, nsb)
                 out[i, j] = r0
                 out[i + 1, j] = r1
                 out[i + 2, j] = r2
