@@ -290,9 +290,40 @@ def _ir_prefetch(builder, ptr):
     builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
 
 
-def _make_rowdot32(t):
+def _ir_row32(builder, t, wp, ap, adp, asp, nb):
+    """One weight row (bytes at ``wp``) of a 32-value block family times one activation row (int8
+    at ``ap``, block scales at ``adp``, Q8_1 sums at ``asp``): ggml's AVX2 vec_dot, the block
+    read ``_PREFETCH_AHEAD`` bytes ahead; returns the float."""
     bsz, qo, has_min, five, sub = _BLOCK32[t]
+    v8f = _vt(_FLT, 8)
+    acc_p = cgutils.alloca_once_value(builder, ir.Constant(v8f, [0.0] * 8))
+    sm_p = cgutils.alloca_once_value(builder, ir.Constant(_FLT, 0.0))
+    with cgutils.for_range(builder, nb) as loop:
+        b = loop.index
+        wb = builder.gep(wp, [builder.mul(b, ir.Constant(b.type, bsz))])
+        _ir_prefetch(builder, builder.gep(wb, [ir.Constant(b.type, _PREFETCH_AHEAD)]))
+        if t == TQ8_0:
+            qx = _load_bytes(builder, builder.gep(wb, [ir.Constant(_I32, qo)]), 32)
+        else:
+            qx = _ir_nibbles32(builder, builder.gep(wb, [ir.Constant(_I32, qo)]))
+            if five:
+                qx = builder.or_(qx, _ir_hbits32(builder, builder.gep(wb, [ir.Constant(_I32, qo - 4)])))
+            if sub:
+                qx = builder.sub(qx, ir.Constant(_vt(_I8, 32), [sub] * 32))
+        qy = _load_bytes(builder, builder.gep(ap, [builder.mul(b, ir.Constant(b.type, 32))]), 32)
+        lanes = builder.sitofp(_quad_sums(builder, qx, qy, 32, signed=bool(sub) or t == TQ8_0), v8f)
+        dd = builder.fmul(_ir_h2f(builder, wb), builder.load(builder.gep(adp, [b])))
+        builder.store(_ir_fma(builder, _ir_splat_f(builder, dd, 8), lanes, builder.load(acc_p)), acc_p)
+        if has_min:
+            mw = _ir_h2f(builder, builder.gep(wb, [ir.Constant(_I32, 2)]))
+            builder.store(_ir_fma(builder, mw, builder.load(builder.gep(asp, [b])), builder.load(sm_p)), sm_p)
+    res = _ir_hsum8(builder, builder.load(acc_p))
+    if has_min:
+        res = builder.fadd(res, builder.load(sm_p))
+    return res
 
+
+def _make_rowdot32(t):
     @intrinsic
     def rowdot(typingctx, w, a, ad, asm, nb):
         sig = types.float32(w, a, ad, asm, types.intp)
@@ -302,36 +333,42 @@ def _make_rowdot32(t):
             ap = context.make_array(signature.args[1])(context, builder, args[1]).data
             adp = context.make_array(signature.args[2])(context, builder, args[2]).data
             asp = context.make_array(signature.args[3])(context, builder, args[3]).data
-            v8f = _vt(_FLT, 8)
-            acc_p = cgutils.alloca_once_value(builder, ir.Constant(v8f, [0.0] * 8))
-            sm_p = cgutils.alloca_once_value(builder, ir.Constant(_FLT, 0.0))
-            with cgutils.for_range(builder, args[4]) as loop:
-                b = loop.index
-                wb = builder.gep(wp, [builder.mul(b, ir.Constant(b.type, bsz))])
-                _ir_prefetch(builder, builder.gep(wb, [ir.Constant(b.type, _PREFETCH_AHEAD)]))
-                if t == TQ8_0:
-                    qx = _load_bytes(builder, builder.gep(wb, [ir.Constant(_I32, qo)]), 32)
-                else:
-                    qx = _ir_nibbles32(builder, builder.gep(wb, [ir.Constant(_I32, qo)]))
-                    if five:
-                        qx = builder.or_(qx, _ir_hbits32(builder, builder.gep(wb, [ir.Constant(_I32, qo - 4)])))
-                    if sub:
-                        qx = builder.sub(qx, ir.Constant(_vt(_I8, 32), [sub] * 32))
-                qy = _load_bytes(builder, builder.gep(ap, [builder.mul(b, ir.Constant(b.type, 32))]), 32)
-                lanes = builder.sitofp(_quad_sums(builder, qx, qy, 32, signed=bool(sub) or t == TQ8_0), v8f)
-                dd = builder.fmul(_ir_h2f(builder, wb), builder.load(builder.gep(adp, [b])))
-                builder.store(_ir_fma(builder, _ir_splat_f(builder, dd, 8), lanes, builder.load(acc_p)), acc_p)
-                if has_min:
-                    mw = _ir_h2f(builder, builder.gep(wb, [ir.Constant(_I32, 2)]))
-                    builder.store(_ir_fma(builder, mw, builder.load(builder.gep(asp, [b])), builder.load(sm_p)), sm_p)
-            res = _ir_hsum8(builder, builder.load(acc_p))
-            if has_min:
-                res = builder.fadd(res, builder.load(sm_p))
-            return res
+            return _ir_row32(builder, t, wp, ap, adp, asp, args[4])
 
         return sig, codegen
 
     return rowdot
+
+
+def _make_gemv32(t):
+    """out[j] = weight row j . a for j in [j0, j1) of the 2-D weight: :func:`_make_rowdot32`'s
+    row kernel over a range of rows in one call (no per-row call or array views: Gemma 3's
+    262,144-row output matrix is read once per token)."""
+
+    @intrinsic
+    def gemv(typingctx, w, j0, j1, a, ad, asm, out):
+        sig = types.void(w, types.intp, types.intp, a, ad, asm, out)
+
+        def codegen(context, builder, signature, args):
+            wa = context.make_array(signature.args[0])(context, builder, args[0])
+            ws = cgutils.unpack_tuple(builder, wa.strides, 2)[0]
+            wbase = builder.bitcast(wa.data, ir.IntType(8).as_pointer())
+            ap = context.make_array(signature.args[3])(context, builder, args[3]).data
+            adp = context.make_array(signature.args[4])(context, builder, args[4]).data
+            asp = context.make_array(signature.args[5])(context, builder, args[5]).data
+            oa = context.make_array(signature.args[6])(context, builder, args[6])
+            os_ = cgutils.unpack_tuple(builder, oa.strides, 1)[0]
+            obase = builder.bitcast(oa.data, ir.IntType(8).as_pointer())
+            nb = builder.sdiv(cgutils.unpack_tuple(builder, context.make_array(signature.args[3])(
+                context, builder, args[3]).shape, 1)[0], ir.Constant(ws.type, 32))
+            with cgutils.for_range_slice(builder, args[1], args[2], ir.Constant(args[1].type, 1)) as (j, _):
+                r = _ir_row32(builder, t, builder.gep(wbase, [builder.mul(j, ws)]), ap, adp, asp, nb)
+                builder.store(r, builder.bitcast(builder.gep(obase, [builder.mul(j, os_)]), _FLT.as_pointer()))
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return gemv
 
 
 def _make_rowdot32_x4(t):
@@ -445,8 +482,8 @@ def _make_rowdot32_w4(t):
     return rowdot_w4
 
 
-_rowdot_w4 = {t: _make_rowdot32_w4(t) for t in _BLOCK32}
-_rowdotw4_q8_0, _rowdotw4_q4_0, _rowdotw4_q5_0 = _rowdot_w4[TQ8_0], _rowdot_w4[TQ4_0], _rowdot_w4[TQ5_0]
+_rowdot_w4 = {t: _make_rowdot32_w4(t) for t in _BLOCK32 if t != TQ8_0}  # Q8_0 decodes row by row
+_rowdotw4_q4_0, _rowdotw4_q5_0 = _rowdot_w4[TQ4_0], _rowdot_w4[TQ5_0]
 _rowdotw4_q4_1, _rowdotw4_q5_1 = _rowdot_w4[TQ4_1], _rowdot_w4[TQ5_1]
 _rowdot4 = {t: _make_rowdot32_x4(t) for t in _BLOCK32}
 _rowdot4_q8_0, _rowdot4_q4_0, _rowdot4_q5_0 = _rowdot4[TQ8_0], _rowdot4[TQ4_0], _rowdot4[TQ5_0]
@@ -456,6 +493,7 @@ _rowdot_q4_0 = _make_rowdot32(TQ4_0)
 _rowdot_q5_0 = _make_rowdot32(TQ5_0)
 _rowdot_q4_1 = _make_rowdot32(TQ4_1)
 _rowdot_q5_1 = _make_rowdot32(TQ5_1)
+_gemv_q8_0 = _make_gemv32(TQ8_0)
 
 
 def _ir_scale_pair(builder, scp, i0, i1):

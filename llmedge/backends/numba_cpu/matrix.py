@@ -46,6 +46,7 @@ from llmedge.backends.numba_cpu.dots import (
 )
 from llmedge.backends.numba_cpu.intrinsics import (
     FAST_ROWS,
+    _gemv_q8_0,
     _h2f,
     _hb,
     _q4_k_rows4,
@@ -61,7 +62,6 @@ from llmedge.backends.numba_cpu.intrinsics import (
     _rowdotw4_q4_1,
     _rowdotw4_q5_0,
     _rowdotw4_q5_1,
-    _rowdotw4_q8_0,
     _u32_as_f32,
 )
 
@@ -110,16 +110,21 @@ def _mm_q8_0(x, wu, wi, t, out):
     else:
         _quantize_q8_0(x, aq, ad, asum)
     n4 = n - n % 4 if FAST_ROWS and t != TIQ4_NL else 0
+    if n < 4 and FAST_ROWS and t == TQ8_0:
+        # decode: Q8_0 one row at a time (four 34-byte-block streams at once read from memory at
+        # under half this rate), each thread's rows in one call
+        nc = min(m, 64)
+        for c in prange(nc):
+            for i in range(n):
+                _gemv_q8_0(wu, c * m // nc, (c + 1) * m // nc, aq[i], ad[i], ad[i], out[i])
+        return
     if n < 4 and FAST_ROWS and t != TIQ4_NL and t != TQ8_0 and m >= 4:
-        # decode: four weight rows per step (the same per-row sums as the one-row kernel). Not Q8_0:
-        # its four 34-byte-block streams read from memory at under half the one-row kernel's rate
+        # decode: four weight rows per step (the same per-row sums as the one-row kernel)
         m4 = m // 4
         for j4 in prange(m4):
             j = 4 * j4
             for i in range(n):
-                if t == TQ8_0:
-                    r0, r1, r2, r3 = _rowdotw4_q8_0(wu, j, aq[i], ad[i], ad[i], nb)
-                elif t == TQ4_0:
+                if t == TQ4_0:
                     r0, r1, r2, r3 = _rowdotw4_q4_0(wu, j, aq[i], ad[i], ad[i], nb)
                 else:
                     r0, r1, r2, r3 = _rowdotw4_q5_0(wu, j, aq[i], ad[i], ad[i], nb)

@@ -51,11 +51,11 @@ from llmedge.backends.numba_cpu.fused import _p_f32, _p_i8, _p_i32, _p_u8, _p_u1
 from llmedge.backends.numba_cpu.intrinsics import (
     FAST_ROWS,
     _f2h,
+    _gemv_q8_0,
     _rowdotw4_q4_0,
     _rowdotw4_q4_1,
     _rowdotw4_q5_0,
     _rowdotw4_q5_1,
-    _rowdotw4_q8_0,
 )
 from llmedge.backends.numba_cpu.ops import _attn_row, _glu_range, _rms_norm_rows, _rope_rows
 
@@ -183,14 +183,16 @@ def _rows(t, wu, wi, n, aq, ad, ai, af, out, j0, j1, scb):
                     out[i, j] = _row_q8_k_family(t, wu[j], wi[j], aq[i], ad[i], ai[i], nsb)
         return
     nb = aq.shape[1] // 32
+    if FAST_ROWS and t == TQ8_0:
+        for i in range(n):
+            _gemv_q8_0(wu, j0, j1, aq[i], ad[i], ad[i], out[i])
+        return
     m4 = 4 * (m // 4) if FAST_ROWS and t != TIQ4_NL and t != TQ8_0 and m >= 4 else 0
     j = j0
     while j < j1:
         if j + 4 <= m4:
             for i in range(n):
-                if t == TQ8_0:
-                    r0, r1, r2, r3 = _rowdotw4_q8_0(wu, j, aq[i], ad[i], ad[i], nb)
-                elif t == TQ4_0:
+                if t == TQ4_0:
                     r0, r1, r2, r3 = _rowdotw4_q4_0(wu, j, aq[i], ad[i], ad[i], nb)
                 elif t == TQ5_0:
                     r0, r1, r2, r3 = _rowdotw4_q5_0(wu, j, aq[i], ad[i], ad[i], nb)
