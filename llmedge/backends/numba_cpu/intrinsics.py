@@ -190,6 +190,8 @@ def _host_features() -> dict:
 
 #: LLVM's x86 AVX2 byte-product intrinsics (pmaddubsw, pmaddwd, psignb) can be used
 _X86_AVX2 = bool(_host_features().get("avx2", False))
+#: and AVX-512 VNNI's vpdpbusd on 256-bit vectors (pmaddubsw + pmaddwd by ones in one instruction)
+_X86_VNNI = _X86_AVX2 and all(_host_features().get(f, False) for f in ("avx512vnni", "avx512vl"))
 
 
 def _vt(t, n):
@@ -203,7 +205,9 @@ def _shuf(builder, a, b, idx):
 def _quad_sums(builder, x8, y8, n, signed=True, scales16=None):
     """<n x i8> x, y -> <n/4 x i32>: lane l = sum of x[e] * y[e] for e in 4l..4l+3 (times the i16
     ``scales16`` of the pairs when given). On x86 with AVX2 this is ggml's own instruction sequence
-    (psign, pmaddubsw, pmaddwd); elsewhere plain vector IR. ``signed``: x may be negative."""
+    (psign, pmaddubsw, pmaddwd), with AVX-512 VNNI native's (psign, vpdpbusd: the same integers, as
+    no pair of these blocks' values reaches pmaddubsw's saturation); elsewhere plain vector IR.
+    ``signed``: x may be negative."""
     if _X86_AVX2 and n == 32:
         v32i8, v16i16, v8i32 = _vt(_I8, 32), _vt(_I16, 16), _vt(_I32, 8)
         if signed:
@@ -214,6 +218,10 @@ def _quad_sums(builder, x8, y8, n, signed=True, scales16=None):
                                                  "llvm.x86.avx2.pmadd.ub.sw")
         madd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8i32, [v16i16, v16i16]),
                                               "llvm.x86.avx2.pmadd.wd")
+        if _X86_VNNI and scales16 is None:
+            dpbusd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8i32, [v8i32] * 3),
+                                                    "llvm.x86.avx512.vpdpbusd.256")
+            return builder.call(dpbusd, [ir.Constant(v8i32, [0] * 8), builder.bitcast(x8, v8i32), builder.bitcast(y8, v8i32)])
         p16 = builder.call(maddubs, [x8, y8])
         return builder.call(madd, [p16, scales16 if scales16 is not None else ir.Constant(v16i16, [1] * 16)])
     ev, od = list(range(0, n, 2)), list(range(1, n, 2))
@@ -226,6 +234,14 @@ def _quad_sums(builder, x8, y8, n, signed=True, scales16=None):
     if scales16 is not None:
         quads = builder.mul(quads, builder.sext(_shuf(builder, scales16, scales16, ev2[: n // 4]), _vt(_I32, n // 4)))
     return quads
+
+
+def _row_ptr(context, builder, aty, aval, row, col):
+    """Byte pointer to element [row, col] of the 2-D array ``aval`` (any strides)."""
+    arr = context.make_array(aty)(context, builder, aval)
+    rs, cs = cgutils.unpack_tuple(builder, arr.strides, 2)
+    off = builder.add(builder.mul(row, rs), builder.mul(col, cs))
+    return builder.gep(builder.bitcast(arr.data, ir.IntType(8).as_pointer()), [off])
 
 
 def _ir_h2f(builder, ptr):
@@ -861,14 +877,6 @@ def _lanes_q6_k_dec(typingctx, qd, qo, a, ao, sc, so):
         return context.make_tuple(builder, signature.return_type, vals)
 
     return sig, codegen
-
-
-def _row_ptr(context, builder, aty, aval, row, col):
-    """Byte pointer to element [row, col] of the 2-D array ``aval`` (any strides)."""
-    arr = context.make_array(aty)(context, builder, aval)
-    rs, cs = cgutils.unpack_tuple(builder, arr.strides, 2)
-    off = builder.add(builder.mul(row, rs), builder.mul(col, cs))
-    return builder.gep(builder.bitcast(arr.data, ir.IntType(8).as_pointer()), [off])
 
 
 @intrinsic
