@@ -811,6 +811,100 @@ LLE_ROWS_DISPATCH(bf16)
 TILE_BATCH(f16, lle_half, CVT16H, T_F16)
 TILE_BATCH(bf16, uint16_t, CVT16B, T_BF16)
 
+/* ---------------------------------------------------------------- several rows (batched decode) */
+/* The AVX2 rows kernels (gemv_rows_avx2.inc) with two activation rows per 512-bit register: row 2p
+ * in the low half, row 2p + 1 in the high half, each half performing that kernel's 8-lane steps
+ * (vpdpbusd for maddubs + madd: the same integers, no pair here reaches maddubs' saturation; the
+ * row's d = dx * dy lane broadcast by a permute instead of a load), so every row's value is the
+ * one-row gemv's. An odd last row fills both halves and is stored once. */
+
+/* [32 bytes at lo | 32 bytes at hi] */
+LLE_INLINE __m512i rows_pair256(const void *lo, const void *hi) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)lo)),
+                              _mm256_loadu_si256((const __m256i *)hi), 1);
+}
+
+/* [v[2p] x 8 | v[2p + 1] x 8] from the 8 per-row floats v */
+LLE_INLINE __m512 rows_pair_lanes(__m256 v, int p) {
+    const __m512i idx = _mm512_inserti64x4(_mm512_set1_epi32(2 * p), _mm256_set1_epi32(2 * p + 1), 1);
+    return _mm512_permutexvar_ps(idx, _mm512_castps256_ps512(v));
+}
+
+LLE_INLINE float rows_half_sum(__m512 v, int r) {
+    return hsum_float_8(r % 2 ? hi256_ps(v) : _mm512_castps512_ps256(v));
+}
+
+/* [qx | qx]: the block's signed weights twice */
+#define X2_Q8_0(b) _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b).qs))
+#define X2_Q4_0(b) _mm512_sub_epi8(nibbles_x2((b).qs), _mm512_set1_epi8(8))
+
+/* signed weights against Q8_0: acc[r] += (dx * dy[r]) * sum4(|qx| * sign(qy[r], qx)) */
+#define ROWS512_Q80(NAME, WBLOCK, X2)                                                                        \
+    LLE_INLINE void rows_##NAME(int k, const void *w, size_t ws, int nr, const void *a, size_t as_stride,   \
+                                const float *sc, const int n, float *out, size_t ldo) {                      \
+        const int nb = k / QK, np = (n + 1) / 2;                                                              \
+        for (int j = 0; j < nr; j++) {                                                                        \
+            const WBLOCK *x = (const WBLOCK *)((const uint8_t *)w + (size_t)j * ws);                          \
+            __m512 acc[LLE_GEMV_ROWS / 2];                                                                    \
+            for (int p = 0; p < np; p++) acc[p] = _mm512_setzero_ps();                                        \
+            for (int ib = 0; ib < nb; ++ib) {                                                                 \
+                _mm_prefetch((const char *)(x + ib) + LLE_PREFETCH, _MM_HINT_T0);                             \
+                const __m256 dd = _mm256_mul_ps(_mm256_set1_ps(h2f(x[ib].d)), _mm256_loadu_ps(sc + 8 * ib));  \
+                const __m512i qx = X2(x[ib]);                                                                 \
+                const __m512i ax = _mm512_abs_epi8(qx);                                                       \
+                const lle_mask64 neg = _mm512_movepi8_mask(qx);                                               \
+                for (int p = 0; p < np; p++) {                                                                \
+                    const int r1 = 2 * p + 1 < n ? 2 * p + 1 : 2 * p;                                         \
+                    const block_q8_0 *y0 = (const block_q8_0 *)((const uint8_t *)a + (size_t)(2 * p) * as_stride); \
+                    const block_q8_0 *y1 = (const block_q8_0 *)((const uint8_t *)a + (size_t)r1 * as_stride); \
+                    __m512i sy = rows_pair256(y0[ib].qs, y1[ib].qs);                                          \
+                    sy = _mm512_mask_sub_epi8(sy, neg, _mm512_setzero_si512(), sy);                           \
+                    const __m512 f = lle512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ax, sy));  \
+                    acc[p] = _mm512_fmadd_ps(rows_pair_lanes(dd, p), f, acc[p]);                              \
+                }                                                                                             \
+            }                                                                                                 \
+            for (int r = 0; r < n; r++) out[(size_t)r * ldo + j] = rows_half_sum(acc[r / 2], r);              \
+        }                                                                                                     \
+    }
+
+ROWS512_Q80(q8_0, block_q8_0, X2_Q8_0)
+ROWS512_Q80(q4_0, block_q4_0, X2_Q4_0)
+
+/* Q4_1 x Q8_1: acc[r] += (dx * dy[r]) * sum4(qx * qy[r]); summs[r] = fmaf(mx, sy[r], summs[r]) */
+LLE_INLINE void rows_q4_1(int k, const void *w, size_t ws, int nr, const void *a, size_t as_stride,
+                          const float *sc, const int n, float *out, size_t ldo) {
+    const int nb = k / QK, np = (n + 1) / 2;
+    const float *ss = sc + 8 * (size_t)nb;
+    for (int j = 0; j < nr; j++) {
+        const block_q4_1 *x = (const block_q4_1 *)((const uint8_t *)w + (size_t)j * ws);
+        __m512 acc[LLE_GEMV_ROWS / 2];
+        __m256 summs = _mm256_setzero_ps();
+        for (int p = 0; p < np; p++) acc[p] = _mm512_setzero_ps();
+        for (int ib = 0; ib < nb; ++ib) {
+            _mm_prefetch((const char *)(x + ib) + LLE_PREFETCH, _MM_HINT_T0);
+            const __m128 dm = h2f_pair(&x[ib].d);
+            const __m256 dd = _mm256_mul_ps(_mm256_broadcastss_ps(dm), _mm256_loadu_ps(sc + 8 * ib));
+            summs = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dm)), _mm256_loadu_ps(ss + 8 * ib), summs);
+            const __m512i qx = nibbles_x2(x[ib].qs);
+            for (int p = 0; p < np; p++) {
+                const int r1 = 2 * p + 1 < n ? 2 * p + 1 : 2 * p;
+                const block_q8_1 *y0 = (const block_q8_1 *)((const uint8_t *)a + (size_t)(2 * p) * as_stride);
+                const block_q8_1 *y1 = (const block_q8_1 *)((const uint8_t *)a + (size_t)r1 * as_stride);
+                const __m512 f = lle512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), qx,
+                                                                        rows_pair256(y0[ib].qs, y1[ib].qs)));
+                acc[p] = _mm512_fmadd_ps(rows_pair_lanes(dd, p), f, acc[p]);
+            }
+        }
+        float sm[8] __attribute__((aligned(32)));
+        _mm256_store_ps(sm, summs);
+        for (int r = 0; r < n; r++) out[(size_t)r * ldo + j] = rows_half_sum(acc[r / 2], r) + sm[r];
+    }
+}
+
+LLE_ROWS_DISPATCH(q8_0)
+LLE_ROWS_DISPATCH(q4_0)
+LLE_ROWS_DISPATCH(q4_1)
+
 /* ---------------------------------------------------------------- registration */
 
 /* the registration runs on every x86 CPU at start-up: compiled for the baseline, not AVX-512 (GCC
@@ -830,10 +924,10 @@ static lle_kernels from_avx2(int t) { return lle_kernels_avx2[t]; }
 void LLE_AVX512_REGISTER(void) {
     lle_kernels *t = LLE_AVX512_TABLE;
     lle_kernels k;
-    k = from_avx2(T_Q4_0); k.vec_dot = vec_dot_q4_0; k.gemv = gemv_q4_0; k.tile = tile_q4_0; k.tile_rows = 8; t[T_Q4_0] = k;
+    k = from_avx2(T_Q4_0); k.vec_dot = vec_dot_q4_0; k.gemv = gemv_q4_0; k.gemv_rows = gemv_rows_q4_0; k.tile = tile_q4_0; k.tile_rows = 8; t[T_Q4_0] = k;
     k = from_avx2(T_Q5_0); k.vec_dot = vec_dot_q5_0; k.gemv = gemv_q5_0; k.tile = tile_q5_0; k.tile_rows = 8; t[T_Q5_0] = k;
-    k = from_avx2(T_Q8_0); k.vec_dot = vec_dot_q8_0; k.gemv = gemv_q8_0; k.tile = tile_q8_0; k.tile_rows = 8; t[T_Q8_0] = k;
-    k = from_avx2(T_Q4_1); k.vec_dot = vec_dot_q4_1; k.gemv = gemv_q4_1; k.tile = tile_q4_1; k.tile_rows = 8; t[T_Q4_1] = k;
+    k = from_avx2(T_Q8_0); k.vec_dot = vec_dot_q8_0; k.gemv = gemv_q8_0; k.gemv_rows = gemv_rows_q8_0; k.tile = tile_q8_0; k.tile_rows = 8; t[T_Q8_0] = k;
+    k = from_avx2(T_Q4_1); k.vec_dot = vec_dot_q4_1; k.gemv = gemv_q4_1; k.gemv_rows = gemv_rows_q4_1; k.tile = tile_q4_1; k.tile_rows = 8; t[T_Q4_1] = k;
     k = from_avx2(T_Q4_K); k.vec_dot_r8 = vec_dot_q4_K_r8; k.packed = packed_q4_K; t[T_Q4_K] = k;
     k = from_avx2(T_Q6_K); k.vec_dot = vec_dot_q6_K; k.tile_tiled = tile_q6_K_tiled; k.packed = packed_q6_K; t[T_Q6_K] = k;
     k = from_avx2(T_F16); k.vec_dot = vec_dot_f16; k.tile_batch = tile_batch_f16; t[T_F16] = k;
