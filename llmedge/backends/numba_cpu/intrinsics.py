@@ -306,6 +306,21 @@ def _ir_prefetch(builder, ptr):
     builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
 
 
+def _ir_weights32(builder, t, wb):
+    """<32 x i8>: the signed (Q4_0/Q5_0/Q8_0) or unsigned (Q4_1/Q5_1) values of the block at ``wb``,
+    as ggml's AVX2 kernels unpack them."""
+    _, qo, _, five, sub = _BLOCK32[t]
+    if t == TQ8_0:
+        qx = _load_bytes(builder, builder.gep(wb, [ir.Constant(_I32, qo)]), 32)
+    else:
+        qx = _ir_nibbles32(builder, builder.gep(wb, [ir.Constant(_I32, qo)]))
+        if five:
+            qx = builder.or_(qx, _ir_hbits32(builder, builder.gep(wb, [ir.Constant(_I32, qo - 4)])))
+        if sub:
+            qx = builder.sub(qx, ir.Constant(_vt(_I8, 32), [sub] * 32))
+    return qx
+
+
 def _ir_row32(builder, t, wp, ap, adp, asp, nb):
     """One weight row (bytes at ``wp``) of a 32-value block family times one activation row (int8
     at ``ap``, block scales at ``adp``, Q8_1 sums at ``asp``): ggml's AVX2 vec_dot, the block
@@ -318,14 +333,7 @@ def _ir_row32(builder, t, wp, ap, adp, asp, nb):
         b = loop.index
         wb = builder.gep(wp, [builder.mul(b, ir.Constant(b.type, bsz))])
         _ir_prefetch(builder, builder.gep(wb, [ir.Constant(b.type, _PREFETCH_AHEAD)]))
-        if t == TQ8_0:
-            qx = _load_bytes(builder, builder.gep(wb, [ir.Constant(_I32, qo)]), 32)
-        else:
-            qx = _ir_nibbles32(builder, builder.gep(wb, [ir.Constant(_I32, qo)]))
-            if five:
-                qx = builder.or_(qx, _ir_hbits32(builder, builder.gep(wb, [ir.Constant(_I32, qo - 4)])))
-            if sub:
-                qx = builder.sub(qx, ir.Constant(_vt(_I8, 32), [sub] * 32))
+        qx = _ir_weights32(builder, t, wb)
         qy = _load_bytes(builder, builder.gep(ap, [builder.mul(b, ir.Constant(b.type, 32))]), 32)
         lanes = builder.sitofp(_quad_sums(builder, qx, qy, 32, signed=bool(sub) or t == TQ8_0), v8f)
         dd = builder.fmul(_ir_h2f(builder, wb), builder.load(builder.gep(adp, [b])))
@@ -415,14 +423,7 @@ def _make_rowdot32_x4(t):
                 b = loop.index
                 wb = builder.gep(wp, [builder.mul(b, ir.Constant(b.type, bsz))])
                 _ir_prefetch(builder, builder.gep(wb, [ir.Constant(b.type, _PREFETCH_AHEAD)]))
-                if t == TQ8_0:
-                    qx = _load_bytes(builder, builder.gep(wb, [ir.Constant(_I32, qo)]), 32)
-                else:
-                    qx = _ir_nibbles32(builder, builder.gep(wb, [ir.Constant(_I32, qo)]))
-                    if five:
-                        qx = builder.or_(qx, _ir_hbits32(builder, builder.gep(wb, [ir.Constant(_I32, qo - 4)])))
-                    if sub:
-                        qx = builder.sub(qx, ir.Constant(_vt(_I8, 32), [sub] * 32))
+                qx = _ir_weights32(builder, t, wb)
                 dw = _ir_h2f(builder, wb)
                 mw = _ir_h2f(builder, builder.gep(wb, [ir.Constant(_I32, 2)])) if has_min else None
                 for r in range(4):
@@ -473,14 +474,7 @@ def _make_rowdot32_w4(t):
                 for r in range(4):
                     wb = builder.gep(wps[r], [builder.mul(b, ir.Constant(b.type, bsz))])
                     _ir_prefetch(builder, builder.gep(wb, [builder.mul(rb, ir.Constant(rb.type, 4))]))
-                    if t == TQ8_0:
-                        qx = _load_bytes(builder, builder.gep(wb, [ir.Constant(_I32, qo)]), 32)
-                    else:
-                        qx = _ir_nibbles32(builder, builder.gep(wb, [ir.Constant(_I32, qo)]))
-                        if five:
-                            qx = builder.or_(qx, _ir_hbits32(builder, builder.gep(wb, [ir.Constant(_I32, qo - 4)])))
-                        if sub:
-                            qx = builder.sub(qx, ir.Constant(_vt(_I8, 32), [sub] * 32))
+                    qx = _ir_weights32(builder, t, wb)
                     lanes = builder.sitofp(_quad_sums(builder, qx, qy, 32, signed=bool(sub) or t == TQ8_0), v8f)
                     dd = builder.fmul(_ir_h2f(builder, wb), da)
                     builder.store(_ir_fma(builder, _ir_splat_f(builder, dd, 8), lanes, builder.load(accs[r])), accs[r])
