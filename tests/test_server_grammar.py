@@ -150,3 +150,14 @@ def test_forced_tokens_and_completion(smollm2_path: Path) -> None:
         assert s.sample(logits) == t
     assert s.finished
     assert tok.is_eog(s.sample(np.zeros(tok.n_vocab, dtype=np.float32)))
+
+
+def test_a_schema_that_makes_the_grammar_compiler_panic_is_a_bad_request() -> None:
+    """Found by fuzz/fuzz_grammar.py: llguidance panics (a Rust panic, pyo3's PanicException, not an
+    Exception) slicing its error message inside a multi-byte character; that is one 400, not a crash."""
+    from llmedge.server.errors import BadRequest
+    from llmedge.server.grammar import compile_schema
+
+    schema = '{"$ref":{"x": {"pe": "\ufffdool' + "\ufffd" * 57 + 'ean"}}}'
+    with pytest.raises(BadRequest, match="cannot be compiled"):
+        compile_schema(schema)

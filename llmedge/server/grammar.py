@@ -49,11 +49,15 @@ def compile_schema(schema: Any) -> str:
     try:
         schema = close_objects(schema)
         grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)  # type: ignore[arg-type]
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
     except (ValueError, TypeError) as e:
         raise BadRequest(f"invalid JSON schema: {e}") from None
     except RecursionError:
         raise BadRequest("invalid JSON schema: nested too deeply") from None
-    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+    except BaseException as e:  # a Rust panic inside llguidance (pyo3's PanicException is a BaseException)
+        if type(e).__name__ != "PanicException":
+            raise
+        raise BadRequest("the JSON schema cannot be compiled: the grammar compiler failed on it") from None
     if is_error:
         raise BadRequest(f"the JSON schema cannot be compiled: {messages[0] if messages else 'unknown'}")
     return grammar
