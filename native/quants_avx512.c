@@ -870,34 +870,60 @@ LLE_INLINE float rows_half_sum(__m512 v, int r) {
 ROWS512_Q80(q8_0, block_q8_0, X2_Q8_0)
 ROWS512_Q80(q4_0, block_q4_0, X2_Q4_0)
 
-/* Q4_1 x Q8_1: acc[r] += (dx * dy[r]) * sum4(qx * qy[r]); summs[r] = fmaf(mx, sy[r], summs[r]) */
+/* Q4_1 x Q8_1: acc[r] += (dx * dy[r]) * sum4(qx * qy[r]); summs[r] = fmaf(mx, sy[r], summs[r]).
+ * Weight rows four at a time (the last ones alone): each activation pair's load serves the four,
+ * and their accumulation chains are independent, so two or four activation rows are not held to
+ * one FMA latency per block (1536 x 576, in cache, 2 threads: 4 rows 50.5 -> 41.9 us, 8 rows 85 ->
+ * 75; from memory the same). Per row the arithmetic is still the one-row gemv's. */
+#define Q4_1_ROWS_BODY(NW)                                                                                     \
+    do {                                                                                                      \
+        __m512 acc[4][LLE_GEMV_ROWS / 2];                                                                     \
+        __m256 summs[4];                                                                                      \
+        for (int q = 0; q < NW; q++) {                                                                        \
+            summs[q] = _mm256_setzero_ps();                                                                   \
+            for (int p = 0; p < np; p++) acc[q][p] = _mm512_setzero_ps();                                     \
+        }                                                                                                     \
+        for (int ib = 0; ib < nb; ++ib) {                                                                     \
+            __m256 dd[4];                                                                                     \
+            __m512i qx[4];                                                                                    \
+            for (int q = 0; q < NW; q++) {                                                                    \
+                _mm_prefetch((const char *)(x[q] + ib) + LLE_PREFETCH, _MM_HINT_T0);                          \
+                const __m128 dm = h2f_pair(&x[q][ib].d);                                                      \
+                dd[q] = _mm256_mul_ps(_mm256_broadcastss_ps(dm), _mm256_loadu_ps(sc + 8 * ib));               \
+                summs[q] = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dm)), _mm256_loadu_ps(ss + 8 * ib), summs[q]); \
+                qx[q] = nibbles_x2(x[q][ib].qs);                                                              \
+            }                                                                                                 \
+            for (int p = 0; p < np; p++) {                                                                    \
+                const int r1 = 2 * p + 1 < n ? 2 * p + 1 : 2 * p;                                             \
+                const block_q8_1 *y0 = (const block_q8_1 *)((const uint8_t *)a + (size_t)(2 * p) * as_stride); \
+                const block_q8_1 *y1 = (const block_q8_1 *)((const uint8_t *)a + (size_t)r1 * as_stride);     \
+                const __m512i qy = rows_pair256(y0[ib].qs, y1[ib].qs);                                        \
+                for (int q = 0; q < NW; q++) {                                                                \
+                    const __m512 f = lle512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), qx[q], qy)); \
+                    acc[q][p] = _mm512_fmadd_ps(rows_pair_lanes(dd[q], p), f, acc[q][p]);                     \
+                }                                                                                             \
+            }                                                                                                 \
+        }                                                                                                     \
+        for (int q = 0; q < NW; q++) {                                                                        \
+            float sm[8] __attribute__((aligned(32)));                                                         \
+            _mm256_store_ps(sm, summs[q]);                                                                    \
+            for (int r = 0; r < n; r++) out[(size_t)r * ldo + j + q] = rows_half_sum(acc[q][r / 2], r) + sm[r]; \
+        }                                                                                                     \
+    } while (0)
+
 LLE_INLINE void rows_q4_1(int k, const void *w, size_t ws, int nr, const void *a, size_t as_stride,
                           const float *sc, const int n, float *out, size_t ldo) {
     const int nb = k / QK, np = (n + 1) / 2;
     const float *ss = sc + 8 * (size_t)nb;
-    for (int j = 0; j < nr; j++) {
-        const block_q4_1 *x = (const block_q4_1 *)((const uint8_t *)w + (size_t)j * ws);
-        __m512 acc[LLE_GEMV_ROWS / 2];
-        __m256 summs = _mm256_setzero_ps();
-        for (int p = 0; p < np; p++) acc[p] = _mm512_setzero_ps();
-        for (int ib = 0; ib < nb; ++ib) {
-            _mm_prefetch((const char *)(x + ib) + LLE_PREFETCH, _MM_HINT_T0);
-            const __m128 dm = h2f_pair(&x[ib].d);
-            const __m256 dd = _mm256_mul_ps(_mm256_broadcastss_ps(dm), _mm256_loadu_ps(sc + 8 * ib));
-            summs = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dm)), _mm256_loadu_ps(ss + 8 * ib), summs);
-            const __m512i qx = nibbles_x2(x[ib].qs);
-            for (int p = 0; p < np; p++) {
-                const int r1 = 2 * p + 1 < n ? 2 * p + 1 : 2 * p;
-                const block_q8_1 *y0 = (const block_q8_1 *)((const uint8_t *)a + (size_t)(2 * p) * as_stride);
-                const block_q8_1 *y1 = (const block_q8_1 *)((const uint8_t *)a + (size_t)r1 * as_stride);
-                const __m512 f = lle512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), qx,
-                                                                        rows_pair256(y0[ib].qs, y1[ib].qs)));
-                acc[p] = _mm512_fmadd_ps(rows_pair_lanes(dd, p), f, acc[p]);
-            }
-        }
-        float sm[8] __attribute__((aligned(32)));
-        _mm256_store_ps(sm, summs);
-        for (int r = 0; r < n; r++) out[(size_t)r * ldo + j] = rows_half_sum(acc[r / 2], r) + sm[r];
+    int j = 0;
+    for (; j + 3 < nr; j += 4) {
+        const block_q4_1 *x[4];
+        for (int q = 0; q < 4; q++) x[q] = (const block_q4_1 *)((const uint8_t *)w + (size_t)(j + q) * ws);
+        Q4_1_ROWS_BODY(4);
+    }
+    for (; j < nr; j++) {
+        const block_q4_1 *x[4] = {(const block_q4_1 *)((const uint8_t *)w + (size_t)j * ws)};
+        Q4_1_ROWS_BODY(1);
     }
 }
 
