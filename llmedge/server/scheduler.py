@@ -422,7 +422,8 @@ class Scheduler:
             engine = group[0].loaded.model.engine
             decoding = any(a.gen.decoding for a in group)
             rows = min(engine.n_batch, PROMPT_ROWS_WHILE_DECODING) if decoding else engine.n_batch
-            first, anon0 = not group[0].loaded.stepped, anon_rss()
+            first = not group[0].loaded.stepped
+            anon0 = anon_rss() if first else 0  # /proc/self/status, read on the first step only
             outs = engine.step([a.gen for a in group], rows)
             if first:  # the forward's buffers are allocated once, on the first step: the model's too
                 group[0].loaded.stepped = True
