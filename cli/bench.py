@@ -1,4 +1,4 @@
-"""``llmedge bench``: llama-bench's command line (``-p -n -r -t -b -ub -o``) over :mod:`llmedge.bench`."""
+"""``llmedge bench``: llama-bench's command line (``-p -n -d -r -t -b -ub -o``) over :mod:`llmedge.bench`."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ def bench(
     = "512",
     n_gen: Annotated[str, typer.Option("-n", "--n-gen", help="Generated tokens per tg test (list: 64,128).")]
     = "128",
+    n_depth: Annotated[str, typer.Option(
+        "-d", "--n-depth", help="Tokens already in the cache when a test starts (list: 0,2048).")] = "0",
     repetitions: Annotated[int, typer.Option("-r", "--repetitions", help="Timed runs of each test.")] = 5,
     threads: Annotated[str | None, typer.Option(
         "-t", "--threads", help="Thread counts (list: 1,2; default: physical cores).")] = None,
@@ -58,7 +60,7 @@ def bench(
         sys.stdout.write(format_speculative(rows, output))
         return
     params = BenchParams(
-        n_prompt=parse_int_list(n_prompt, "-p"), n_gen=parse_int_list(n_gen, "-n"),
+        n_prompt=parse_int_list(n_prompt, "-p"), n_gen=parse_int_list(n_gen, "-n"), n_depth=parse_int_list(n_depth, "-d"),
         n_threads=parse_int_list(threads, "-t") if threads else [], n_batch=batch_size, n_ubatch=ubatch_size,
         reps=repetitions, backend=backend, warmup=warmup, compare=compare, rss_probe=rss_probe)
 

@@ -3,7 +3,8 @@ with llama.cpp (through llama-cpp-python) in the same process.
 
 What it owns: the prompt-processing test (``ppN``: N random token ids evaluated as one prompt in
 ``n_batch`` chunks, on an empty cache), the generation test (``tgN``: after an empty cache, N
-single-token decode steps starting from BOS), the warm-up runs, mean and sample standard deviation
+single-token decode steps starting from BOS), either at a depth (llama-bench's ``-d``: ``tg128 @ d2048``
+runs after 2048 random tokens were evaluated, untimed, in the cache), the warm-up runs, mean and sample standard deviation
 exactly as llama-bench computes them, the records with llama-bench's field names, and the
 ``md``/``json``/``jsonl``/``csv`` printers. A :class:`Runner` is one runtime under test: llmedge
 (:class:`LlmedgeRunner`, through ``llmedge.load`` and ``engine.forward``) or llama.cpp
@@ -85,22 +86,26 @@ _SWITCH_PAUSE_S = 0.02
 
 @dataclass(frozen=True)
 class BenchTest:
-    """One llama-bench test: ``n_prompt`` tokens as a prompt, or ``n_gen`` single-token decodes."""
+    """One llama-bench test: ``n_prompt`` tokens as a prompt, or ``n_gen`` single-token decodes, after
+    ``n_depth`` tokens already in the cache (evaluated before the clock starts)."""
 
     n_prompt: int = 0
     n_gen: int = 0
+    n_depth: int = 0
 
     @property
     def name(self) -> str:
         if self.n_prompt and not self.n_gen:
-            return f"pp{self.n_prompt}"
-        if self.n_gen and not self.n_prompt:
-            return f"tg{self.n_gen}"
-        return f"pp{self.n_prompt}+tg{self.n_gen}"
+            name = f"pp{self.n_prompt}"
+        elif self.n_gen and not self.n_prompt:
+            name = f"tg{self.n_gen}"
+        else:
+            name = f"pp{self.n_prompt}+tg{self.n_gen}"
+        return f"{name} @ d{self.n_depth}" if self.n_depth else name
 
     @property
     def n_ctx(self) -> int:
-        return self.n_prompt + self.n_gen
+        return self.n_depth + self.n_prompt + self.n_gen
 
     @property
     def n_tokens(self) -> int:
@@ -113,6 +118,7 @@ class BenchParams:
 
     n_prompt: list[int] = field(default_factory=lambda: [512])
     n_gen: list[int] = field(default_factory=lambda: [128])
+    n_depth: list[int] = field(default_factory=lambda: [0])
     n_threads: list[int] = field(default_factory=list)  # empty: physical cores
     n_batch: int = 2048
     n_ubatch: int = 512
@@ -125,9 +131,10 @@ class BenchParams:
     rss_probe: bool = True
 
     def tests(self) -> list[BenchTest]:
-        """llama-bench's order: every prompt test, then every generation test (zeros skipped)."""
-        return [BenchTest(n_prompt=p) for p in self.n_prompt if p > 0] + \
-               [BenchTest(n_gen=g) for g in self.n_gen if g > 0]
+        """llama-bench's order: every prompt test, then every generation test (zeros skipped), each
+        at every depth."""
+        return [BenchTest(n_prompt=p, n_depth=d) for p in self.n_prompt if p > 0 for d in self.n_depth] + \
+               [BenchTest(n_gen=g, n_depth=d) for g in self.n_gen if g > 0 for d in self.n_depth]
 
     def validate(self) -> None:
         if self.reps < 1:
@@ -136,8 +143,10 @@ class BenchParams:
             raise LlmedgeError("the batch sizes (-b, -ub) must be at least 1")
         if any(t < 1 for t in self.n_threads):
             raise LlmedgeError("thread counts (-t) must be at least 1")
-        if any(n < 0 for n in self.n_prompt + self.n_gen):
-            raise LlmedgeError("token counts (-p, -n) cannot be negative")
+        if any(n < 0 for n in self.n_prompt + self.n_gen + self.n_depth):
+            raise LlmedgeError("token counts (-p, -n, -d) cannot be negative")
+        if not self.n_depth:
+            raise LlmedgeError("no depth to run at: give -d at least one value (0: an empty cache)")
         if not self.tests():
             raise LlmedgeError("nothing to run: every -p and -n value is 0")
         if self.compare is not None and self.compare not in COMPARE_TARGETS:
@@ -261,7 +270,7 @@ class BenchResult:
             "flash_attn": i.flash_attn, "devices": "none", "tensor_split": "0.00", "tensor_buft_overrides": "none",
             "load_mode": "mmap", "embeddings": False, "no_op_offload": 0, "no_host": False,
             "fit_target": 0, "fit_min_ctx": 0,
-            "n_prompt": self.test.n_prompt, "n_gen": self.test.n_gen, "n_depth": 0,
+            "n_prompt": self.test.n_prompt, "n_gen": self.test.n_gen, "n_depth": self.test.n_depth,
             "test_time": self.test_time, "avg_ns": self.avg_ns, "stddev_ns": self.stddev_ns,
             "avg_ts": self.avg_ts, "stddev_ts": self.stddev_ts,
             "runtime": i.runtime, "isa": i.isa, "load_ns": i.load_ns, "compile_ns": i.compile_ns,
@@ -546,8 +555,12 @@ def run_gen(runner: Runner, tokens: np.ndarray) -> None:
 
 
 def _run_once(runner: Runner, test: BenchTest, tokens: np.ndarray, n_batch: int) -> int:
-    """One timed repetition on a cleared cache; wall time in ns."""
+    """One timed repetition on a cleared cache (filled to the test's depth untimed, as llama-bench);
+    wall time in ns."""
     runner.clear()
+    if test.n_depth:
+        run_prompt(runner, tokens[: test.n_depth], n_batch)
+        tokens = tokens[test.n_depth :]
     gc.collect()
     t0 = time.perf_counter_ns()
     if test.n_prompt:
@@ -558,11 +571,11 @@ def _run_once(runner: Runner, test: BenchTest, tokens: np.ndarray, n_batch: int)
 
 
 def _test_tokens(rng: np.random.Generator, test: BenchTest, n_vocab: int, bos: int | None) -> np.ndarray:
+    """The depth's tokens, the prompt's, then the generation's: BOS (when the model adds one) first."""
     parts = []
-    if test.n_prompt:
-        parts.append(prompt_tokens(rng, test.n_prompt, n_vocab, bos))
-    if test.n_gen:
-        parts.append(prompt_tokens(rng, test.n_gen, n_vocab, None if test.n_prompt else bos))
+    for n in (test.n_depth, test.n_prompt, test.n_gen):
+        if n:
+            parts.append(prompt_tokens(rng, n, n_vocab, None if parts else bos))
     return np.concatenate(parts)
 
 
@@ -590,8 +603,8 @@ def run_tests(runners: Sequence[Runner], tests: Sequence[BenchTest], params: Ben
             if params.warmup:
                 for r, row in zip(runners, rows):
                     say(f"test {ti + 1}/{len(tests)} {test.name}: {r.info.runtime} warm-up")
-                    # llama-bench: the whole prompt test, or one generation step
-                    warm = test if test.n_prompt else BenchTest(n_gen=1)
+                    # llama-bench: the whole prompt test, or one generation step (at no depth)
+                    warm = BenchTest(n_prompt=test.n_prompt) if test.n_prompt else BenchTest(n_gen=1)
                     row.warmup_ns = _run_once(r, warm, _test_tokens(rng, warm, n_vocab, bos), params.n_batch)
                     time.sleep(_SWITCH_PAUSE_S)
             for rep in range(params.reps):
@@ -677,7 +690,7 @@ def probe_peak_rss(kind: str, model_path: str, params: BenchParams, n_threads: i
     """Peak RSS of a fresh process that loads ``kind`` and runs every test once (same context sizes)."""
     spec = {"kind": kind, "model": model_path, "n_threads": n_threads, "backend": params.backend,
             "kv_type": params.kv_type, "n_batch": params.n_batch, "n_ubatch": params.n_ubatch,
-            "n_prompt": params.n_prompt, "n_gen": params.n_gen, "seed": params.seed}
+            "n_prompt": params.n_prompt, "n_gen": params.n_gen, "n_depth": params.n_depth, "seed": params.seed}
     env = dict(os.environ)
     extra = [str(Path(sys.modules[m].__file__).resolve().parent.parent)
              for m in ("llama_cpp", "llmedge") if m in sys.modules and getattr(sys.modules[m], "__file__", None)]
@@ -696,7 +709,7 @@ def probe_peak_rss(kind: str, model_path: str, params: BenchParams, n_threads: i
 
 def _probe_main(spec_json: str) -> None:
     spec = json.loads(spec_json)
-    params = BenchParams(n_prompt=spec["n_prompt"], n_gen=spec["n_gen"], n_batch=spec["n_batch"],
+    params = BenchParams(n_prompt=spec["n_prompt"], n_gen=spec["n_gen"], n_depth=spec["n_depth"], n_batch=spec["n_batch"],
                          n_ubatch=spec["n_ubatch"], reps=1, backend=spec["backend"], kv_type=spec["kv_type"],
                          warmup=False, seed=spec["seed"])
     tests = params.tests()

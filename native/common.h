@@ -285,6 +285,11 @@ typedef struct {
     int kv_wide;
 } lle_attn_args;
 
+/* query heads attn_group takes at once, and the largest head size it takes (a K row as floats on the
+ * stack; larger heads go head by head) */
+#define LLE_ATTN_GROUP 4
+#define LLE_ATTN_MAX_D 512
+
 /* floats of scratch one attention row needs */
 LLE_INLINE int64_t lle_attn_scratch_floats(int64_t t, int64_t d) {
     const int64_t tp = (t + 31) & ~(int64_t)31;
@@ -303,6 +308,9 @@ typedef struct {
     void (*attn_row)(const lle_attn_args *a, int64_t i, int64_t h, float *scratch);
     /* y[i] = half x[i] as float (exact) */
     void (*f16_to_f32)(int64_t n, const lle_half *x, float *y);
+    /* attention of query row i, heads h0 .. h0 + nh - 1 of one KV head (nh <= LLE_ATTN_GROUP), each
+     * exactly as attn_row; scratch: nh attn_row scratches `per` floats apart. NULL: head by head */
+    void (*attn_group)(const lle_attn_args *a, int64_t i, int64_t h0, int nh, float *scratch, int64_t per);
 } lle_op_kernels;
 
 extern lle_op_kernels lle_ops_scalar;

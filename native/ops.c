@@ -338,6 +338,11 @@ int lle_attention_impl(const float *q, long long n, long long n_head, long long 
                   const int *q_pos, const int *k_pos, float scale, int window, float softcap,
                   float *out) {
     if (n_kv <= 0 || n_head % n_kv != 0 || d <= 0 || t < 0) return -1;
+    if (n == 1) {  /* one query row: the one-row problems' job (its heads grouped by KV head) */
+        const lle_attn_args one = {q, 1, n_head, d, k, v, kv_f16, t, n_kv, k_stride_t, k_stride_h, v_stride_t,
+                                   v_stride_h, q_pos, k_pos, scale, window, softcap, out, 0};
+        return lle_attention_rows_impl(&one, 1);
+    }
     const int nth = lle_pool_threads();
     const int64_t per = (lle_attn_scratch_floats(t, d) + 15) & ~(int64_t)15;
     float *scratch = lle_scratch_ops((size_t)(per * nth) * sizeof(float));
@@ -375,10 +380,11 @@ int lle_attention_impl(const float *q, long long n, long long n_head, long long 
     return 0;
 }
 
-/* one pool job over the (problem, head) pairs of several one-row problems */
+/* one pool job over several one-row problems: a task is `nh` heads of one problem that share a KV
+ * head (attn_group: its K/V rows read once for them), or one head when nh == 1 */
 typedef struct {
-    const lle_attn_args *a; int count; int64_t n_head;
-    float *scratch; int64_t scratch_per_thread;
+    const lle_attn_args *a; int count; int64_t n_head; int nh;
+    float *scratch; int64_t scratch_per_thread, per_head;
     int64_t counter;
 } attn_rows_ctx;
 
@@ -386,12 +392,28 @@ static void attn_rows_task(void *vctx, int ith, int nth) {
     (void)nth;
     attn_rows_ctx *c = vctx;
     float *scratch = c->scratch + ith * c->scratch_per_thread;
-    const int64_t n_tasks = c->count * c->n_head;
+    const int64_t per_problem = c->n_head / c->nh, n_tasks = c->count * per_problem;
     for (;;) {
         const int64_t task = lle_next_chunk(&c->counter);
         if (task >= n_tasks) break;
-        lle_ops->attn_row(&c->a[task / c->n_head], 0, task % c->n_head, scratch);
+        const lle_attn_args *a = &c->a[task / per_problem];
+        const int64_t h0 = (task % per_problem) * c->nh;
+        if (c->nh == 1) lle_ops->attn_row(a, 0, h0, scratch);
+        else lle_ops->attn_group(a, 0, h0, c->nh, scratch, c->per_head);
     }
+}
+
+/* Heads per task: the largest divisor of the heads per KV head (at most LLE_ATTN_GROUP) that still
+ * leaves every thread a task, so that grouping never idles a core; 1 without attn_group. E.g. 9
+ * heads over 3 KV heads, 2 threads: 3 (three tasks); Gemma 3's 4 heads over 1: 2 (two tasks). */
+static int attn_heads_per_task(const lle_attn_args *a, int count, int nth) {
+    if (!lle_ops->attn_group) return 1;
+    const int64_t hpg = a[0].n_head / a[0].n_kv;
+    for (int i = 1; i < count; i++)
+        if (a[i].n_head / a[i].n_kv != hpg) return 1;
+    for (int nh = LLE_ATTN_GROUP; nh >= 2; nh--)
+        if (hpg % nh == 0 && count * (a[0].n_head / nh) >= nth) return nh;
+    return 1;
 }
 
 int lle_attention_rows_impl(const lle_attn_args *a, int count) {
@@ -406,9 +428,10 @@ int lle_attention_rows_impl(const lle_attn_args *a, int count) {
         work += a[i].n_head * a[i].t * a[i].d;
     }
     const int nth = lle_pool_threads();
-    float *scratch = lle_scratch_ops((size_t)(per * nth) * sizeof(float));
+    const int nh = attn_heads_per_task(a, count, nth);
+    float *scratch = lle_scratch_ops((size_t)(per * nh * nth) * sizeof(float));
     if (!scratch) return -2;
-    attn_rows_ctx c = {a, count, a[0].n_head, scratch, per, 0};
+    attn_rows_ctx c = {a, count, a[0].n_head, nh, scratch, per * nh, per, 0};
     /* below ~100k multiply-adds the pool round trip costs more than it saves (as lle_attention_impl) */
     if (nth == 1 || work < 100000) attn_rows_task(&c, 0, 1);
     else lle_pool_run(attn_rows_task, &c);

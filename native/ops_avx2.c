@@ -567,6 +567,278 @@ static void attn_row(const lle_attn_args *a, int64_t i, int64_t h, float *scratc
 #undef A
 }
 
+/* ---- the query heads of one KV head together (decode over an f16 cache) ----
+ * attn_group computes heads h0 .. h0 + nh - 1 of query row i, which share KV head g, exactly as
+ * attn_row computes each (the same scores, softmax and V sums in the same order, so every value
+ * bit for bit), but each K and V row is loaded and converted from f16 once for the nh heads instead
+ * of once per head: grouped-query attention reads its cache 1/nh as often. Only the decode case
+ * takes it (one query row: ggml's orders, an f16 cache read as f16, d % 32 == 0); anything else
+ * goes head by head through attn_row. Scratch: nh consecutive attn_row scratches of `per` floats. */
+
+/* scores of cells j..j+7 for nh queries (ggml's order per query, as kq8_ggml) into s[h] */
+LLE_INLINE void kq8_ggml_group(const uint8_t *k0, size_t kst, const float *const *qv, int nh, int64_t d,
+                               float *kf, __m256 *s) {
+    __m256 x[LLE_ATTN_GROUP][8];
+    for (int m = 0; m < 8; m++) {
+        const uint8_t *kr = k0 + m * kst;
+#if defined(LLE_OPS_512)
+        __m512 a[LLE_ATTN_GROUP], b[LLE_ATTN_GROUP];
+        for (int h = 0; h < nh; h++) a[h] = b[h] = _mm512_setzero_ps();
+        for (int64_t l = 0; l < d; l += 32) {
+            const __m512 k0v = ld_kv16(kr + (size_t)l * 2, 1), k1v = ld_kv16(kr + (size_t)(l + 16) * 2, 1);
+            for (int h = 0; h < nh; h++) {
+                a[h] = _mm512_fmadd_ps(k0v, _mm512_loadu_ps(qv[h] + l), a[h]);
+                b[h] = _mm512_fmadd_ps(k1v, _mm512_loadu_ps(qv[h] + l + 16), b[h]);
+            }
+        }
+        for (int h = 0; h < nh; h++) {
+            const __m512 ab = _mm512_add_ps(a[h], b[h]);
+            x[h][m] = _mm256_add_ps(lo256(ab), hi256(ab));
+        }
+#else
+        /* the row as floats once (exact), then kq8_ggml's loop per query over them */
+        for (int64_t l = 0; l < d; l += 8) _mm256_storeu_ps(kf + l, LDH((const lle_half *)kr + l));
+        for (int h = 0; h < nh; h++) {
+            __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
+            for (int64_t l = 0; l < d; l += 32) {
+                s0 = _mm256_fmadd_ps(_mm256_loadu_ps(kf + l), _mm256_loadu_ps(qv[h] + l), s0);
+                s1 = _mm256_fmadd_ps(_mm256_loadu_ps(kf + l + 8), _mm256_loadu_ps(qv[h] + l + 8), s1);
+                s2 = _mm256_fmadd_ps(_mm256_loadu_ps(kf + l + 16), _mm256_loadu_ps(qv[h] + l + 16), s2);
+                s3 = _mm256_fmadd_ps(_mm256_loadu_ps(kf + l + 24), _mm256_loadu_ps(qv[h] + l + 24), s3);
+            }
+            x[h][m] = _mm256_add_ps(_mm256_add_ps(s0, s2), _mm256_add_ps(s1, s3));
+        }
+#endif
+    }
+    for (int h = 0; h < nh; h++) s[h] = reduce_ggml4_x8(x[h]);
+}
+
+/* scores_blocked (ggml order, f16 cache) for nh queries: w[h] gets query h's scores, max[h] its max;
+ * the visible range [jlo, jhi] depends on positions only, so it is the same for every query */
+LLE_INLINE void scores_group(const lle_attn_args *a, int64_t g, int qp, const float *const *qv, int nh,
+                             float *const *w, float *kf, float *max, int64_t *jlo_out, int64_t *jhi_out) {
+    const int64_t d = a->d, t = a->t;
+    const size_t kst = (size_t)a->ks_t * 2;
+    const uint8_t *kb = a->k + (size_t)(g * a->ks_h) * 2;
+    const __m256i vqp = _mm256_set1_epi32(qp), vwin = _mm256_set1_epi32(a->window);
+    const __m256 ninf = _mm256_set1_ps(-INFINITY), vscale = _mm256_set1_ps(a->scale);
+    const float inv_cap = a->softcap > 0 ? 1.0f / a->softcap : 0.0f;
+    __m256 vmax[LLE_ATTN_GROUP], s[LLE_ATTN_GROUP];
+    for (int h = 0; h < nh; h++) vmax[h] = ninf;
+    int64_t jlo = t, jhi = -1, j = 0;
+    for (; j + 8 <= t; j += 8) {
+        const int vis = visible8(a->k_pos + j, vqp, a->window, vwin);
+        if (!vis) {
+            for (int h = 0; h < nh; h++) _mm256_storeu_ps(w[h] + j, ninf);
+            continue;
+        }
+        if (jlo == t) jlo = j + __builtin_ctz((unsigned)vis);
+        jhi = j + 31 - __builtin_clz((unsigned)vis);
+        kq8_ggml_group(kb + j * kst, kst, qv, nh, d, kf, s);
+        for (int h = 0; h < nh; h++) {
+            __m256 sh = s[h];
+            if (a->softcap > 0) {
+                float tmp[8];
+                _mm256_storeu_ps(tmp, sh);
+                for (int m = 0; m < 8; m++) tmp[m] = tanhf(tmp[m] * inv_cap) * a->softcap;
+                sh = _mm256_loadu_ps(tmp);
+            }
+            sh = _mm256_mul_ps(sh, vscale);
+            if (vis != 0xff) {
+                const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+                const __m256i on = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(vis), bit), bit);
+                sh = _mm256_blendv_ps(ninf, sh, _mm256_castsi256_ps(on));
+            }
+            _mm256_storeu_ps(w[h] + j, sh);
+            vmax[h] = _mm256_max_ps(sh, vmax[h]);
+        }
+    }
+    for (int h = 0; h < nh; h++) {
+        float tmp[8];
+        _mm256_storeu_ps(tmp, vmax[h]);
+        max[h] = tmp[0];
+        for (int m = 1; m < 8; m++)
+            if (tmp[m] > max[h]) max[h] = tmp[m];
+    }
+    for (; j < t; j++) {  /* the last t % 8 cells one by one, as scores_blocked */
+        const int kp = a->k_pos[j];
+        if (kp < 0 || kp > qp || (a->window > 0 && qp - kp >= a->window)) {
+            for (int h = 0; h < nh; h++) w[h][j] = -INFINITY;
+            continue;
+        }
+        if (j < jlo) jlo = j;
+        jhi = j;
+        const lle_half *kh = (const lle_half *)(kb + j * kst);
+        for (int h = 0; h < nh; h++) {
+            __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
+            for (int64_t l = 0; l < d; l += 32) {
+                s0 = _mm256_fmadd_ps(LDH(kh + l), _mm256_loadu_ps(qv[h] + l), s0);
+                s1 = _mm256_fmadd_ps(LDH(kh + l + 8), _mm256_loadu_ps(qv[h] + l + 8), s1);
+                s2 = _mm256_fmadd_ps(LDH(kh + l + 16), _mm256_loadu_ps(qv[h] + l + 16), s2);
+                s3 = _mm256_fmadd_ps(LDH(kh + l + 24), _mm256_loadu_ps(qv[h] + l + 24), s3);
+            }
+            float sc = reduce_ggml4(s0, s1, s2, s3);
+            if (a->softcap > 0) sc = tanhf(sc * inv_cap) * a->softcap;
+            w[h][j] = sc * a->scale;
+            if (w[h][j] > max[h]) max[h] = w[h][j];
+        }
+    }
+    *jlo_out = jlo;
+    *jhi_out = jhi;
+}
+
+/* v_sum_rows (f16 cache, L lanes) for nh heads: a V row is loaded and converted once per slice
+ * block for every head whose probability of the cell is not 0; per (head, lane, value) the cells
+ * are added in the same order, so the partial sums acc[h] are v_sum_rows' */
+LLE_INLINE void v_sum_group(const lle_attn_args *a, int64_t g, const float *const *w, int nh, int64_t jb,
+                            int64_t jend, int L, float *const *acc) {
+    const int64_t d = a->d;
+    const size_t vst = (size_t)a->vs_t * 2;
+#if defined(LLE_OPS_512)
+    enum { E = 64 };  /* values per pass: 4 registers of 16 per head */
+#else
+    enum { E = 16 };  /* 2 registers of 8 per head (16 registers in all) */
+#endif
+    for (int64_t e0 = 0; e0 < d; e0 += E) {
+        const int S = d - e0 >= E ? E / 8 : (int)((d - e0) / 8);  /* 8-value slices in this pass */
+        const uint8_t *vb = a->v + (size_t)(g * a->vs_h + e0) * 2;
+        for (int l = 0; l < L; l++) {
+#if defined(LLE_OPS_512)
+            if (S == 8) {
+                __m512 z[LLE_ATTN_GROUP][4];
+                for (int h = 0; h < nh; h++) z[h][0] = z[h][1] = z[h][2] = z[h][3] = _mm512_setzero_ps();
+                for (int64_t j = jb + l; j < jend; j += L) {
+                    int any = 0;
+                    for (int h = 0; h < nh; h++) any |= w[h][j] != 0.0f;
+                    if (!any) continue;
+                    const uint8_t *vr = vb + (size_t)j * vst;
+                    const __m512 v0 = ld_kv16(vr, 1), v1 = ld_kv16(vr + 32, 1), v2 = ld_kv16(vr + 64, 1), v3 = ld_kv16(vr + 96, 1);
+                    for (int h = 0; h < nh; h++) {
+                        if (w[h][j] == 0.0f) continue;
+                        const __m512 p = _mm512_set1_ps(w[h][j]);
+                        z[h][0] = _mm512_fmadd_ps(v0, p, z[h][0]);
+                        z[h][1] = _mm512_fmadd_ps(v1, p, z[h][1]);
+                        z[h][2] = _mm512_fmadd_ps(v2, p, z[h][2]);
+                        z[h][3] = _mm512_fmadd_ps(v3, p, z[h][3]);
+                    }
+                }
+                for (int h = 0; h < nh; h++)
+                    for (int k = 0; k < 4; k++) _mm512_storeu_ps(acc[h] + l * d + e0 + 16 * k, z[h][k]);
+                continue;
+            }
+#endif
+            /* S slices of 8 values (S <= 8 on AVX-512's tail, S <= 2 on AVX2) */
+            for (int s0 = 0; s0 < S; s0 += 2) {
+                const int two = s0 + 1 < S;
+                __m256 y[LLE_ATTN_GROUP][2];
+                for (int h = 0; h < nh; h++) y[h][0] = y[h][1] = _mm256_setzero_ps();
+                for (int64_t j = jb + l; j < jend; j += L) {
+                    int any = 0;
+                    for (int h = 0; h < nh; h++) any |= w[h][j] != 0.0f;
+                    if (!any) continue;
+                    const lle_half *vr = (const lle_half *)(vb + (size_t)j * vst) + 8 * s0;
+                    const __m256 v0 = LDH(vr), v1 = two ? LDH(vr + 8) : _mm256_setzero_ps();
+                    for (int h = 0; h < nh; h++) {
+                        if (w[h][j] == 0.0f) continue;
+                        const __m256 p = _mm256_broadcast_ss(w[h] + j);
+                        y[h][0] = _mm256_fmadd_ps(v0, p, y[h][0]);
+                        if (two) y[h][1] = _mm256_fmadd_ps(v1, p, y[h][1]);
+                    }
+                }
+                for (int h = 0; h < nh; h++) {
+                    _mm256_storeu_ps(acc[h] + l * d + e0 + 8 * s0, y[h][0]);
+                    if (two) _mm256_storeu_ps(acc[h] + l * d + e0 + 8 * s0 + 8, y[h][1]);
+                }
+            }
+        }
+    }
+}
+
+/* o[e] = the sum of the L partial sums acc[l * d + e] in llama.cpp's order (v_sum_rows' last step) */
+LLE_INLINE void v_sum_finish(const float *acc, int64_t d, int L, float *o) {
+#define A(l) _mm256_loadu_ps(acc + (l) * d + e)
+    for (int64_t e = 0; e < d; e += 8) {
+        __m256 r;
+        if (L == 8) {
+            r = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(A(4), A(0)), _mm256_add_ps(A(6), A(2))),
+                              _mm256_add_ps(_mm256_add_ps(A(5), A(1)), _mm256_add_ps(A(7), A(3))));
+        } else {
+            __m256 x[8];
+            for (int l = 0; l < 8; l++) x[l] = _mm256_add_ps(_mm256_add_ps(A(l), A(16 + l)), _mm256_add_ps(A(8 + l), A(24 + l)));
+            __m256 t0[4];
+            for (int l = 0; l < 4; l++) t0[l] = _mm256_add_ps(x[l], x[4 + l]);
+            r = _mm256_add_ps(_mm256_add_ps(t0[0], t0[1]), _mm256_add_ps(t0[2], t0[3]));
+        }
+        _mm256_storeu_ps(o + e, r);
+    }
+#undef A
+}
+
+LLE_INLINE void attn_group_n(const lle_attn_args *a, int64_t i, int64_t h0, const int nh, float *scratch, int64_t per) {
+    const int64_t d = a->d, t = a->t;
+    const int64_t tp = (t + 31) & ~(int64_t)31, t8 = (t + 7) & ~(int64_t)7;
+    const int64_t g = h0 / (a->n_head / a->n_kv);
+    const int qp = a->q_pos[i];
+    float *w[LLE_ATTN_GROUP], *acc[LLE_ATTN_GROUP], max[LLE_ATTN_GROUP];
+    const float *qc[LLE_ATTN_GROUP];
+    float kf[LLE_ATTN_MAX_D];
+    int nv = 0;  /* heads with a visible cell */
+    for (int hh = 0; hh < nh; hh++) {
+        /* attn_row's scratch layout per head: scores, Q (as halves, then as floats in acc) */
+        float *sc = scratch + hh * per;
+        w[hh] = sc;
+        lle_half *q16 = (lle_half *)(sc + 2 * tp);
+        acc[hh] = sc + 2 * tp + ((d + 7) & ~(int64_t)7);
+        const float *q = a->q + (i * a->n_head + h0 + hh) * d;
+        for (int64_t e = 0; e < d; e += 8)
+            _mm_storeu_si128((__m128i *)(q16 + e), _mm256_cvtps_ph(_mm256_loadu_ps(q + e), _MM_FROUND_TO_NEAREST_INT));
+        for (int64_t e = 0; e < d; e += 8) _mm256_storeu_ps(acc[hh] + e, LDH(q16 + e));
+        qc[hh] = acc[hh];
+    }
+    int64_t jlo, jhi;
+    scores_group(a, g, qp, qc, nh, w, kf, max, &jlo, &jhi);
+    const int L = 32;  /* one query row: ggml's 32 lanes (attn_row's tb_kqv is 0) */
+    const int64_t c0 = jlo & ~(int64_t)7, c1 = (jhi + 8) & ~(int64_t)7, jb = jlo & ~(int64_t)(L - 1);
+    float *wv[LLE_ATTN_GROUP], *av[LLE_ATTN_GROUP];
+    int64_t hv[LLE_ATTN_GROUP];
+    for (int hh = 0; hh < nh; hh++) {
+        float *o = a->out + (i * a->n_head + h0 + hh) * d;
+        if (max[hh] == -INFINITY) {
+            memset(o, 0, (size_t)d * sizeof(float));
+            continue;
+        }
+        float *wh = w[hh];
+        for (int64_t j = t; j < t8; j++) wh[j] = -INFINITY;
+        const float inv = (float)(1.0 / softmax_exp((int)(c1 - c0), wh + c0, wh + c0, max[hh]));
+        const __m256 vinv = _mm256_set1_ps(inv);
+        for (int64_t j = c0; j < c1; j += 8) {
+            const __m256 p = _mm256_mul_ps(_mm256_loadu_ps(wh + j), vinv);
+            _mm256_storeu_ps(wh + j, _mm256_cvtph_ps(_mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT)));
+        }
+        for (int64_t j = jb; j < c0; j++) wh[j] = 0.0f;
+        wv[nv] = wh;
+        av[nv] = acc[hh];
+        hv[nv++] = hh;
+    }
+    if (!nv) return;
+    v_sum_group(a, g, (const float *const *)wv, nv, jb, jhi + 1, L, av);
+    for (int k = 0; k < nv; k++) v_sum_finish(av[k], d, L, a->out + (i * a->n_head + h0 + hv[k]) * d);
+}
+
+/* nh a compile-time constant in each instance, so the heads' accumulators stay in registers */
+static void attn_group(const lle_attn_args *a, int64_t i, int64_t h0, int nh, float *scratch, int64_t per) {
+    const int64_t d = a->d;
+    if (nh < 2 || nh > LLE_ATTN_GROUP || a->n != 1 || !a->kv_f16 || a->kv_wide || d % 32 != 0 || d > LLE_ATTN_MAX_D) {
+        for (int hh = 0; hh < nh; hh++) attn_row(a, i, h0 + hh, scratch);
+        return;
+    }
+    switch (nh) {
+    case 2: attn_group_n(a, i, h0, 2, scratch, per); break;
+    case 3: attn_group_n(a, i, h0, 3, scratch, per); break;
+    default: attn_group_n(a, i, h0, 4, scratch, per); break;
+    }
+}
+
 /* ggml's rotate_pairs as GCC contracts it in an -march=native build:
  * x0*cos - x1*sin -> fma(x0, cos, -(x1*sin)) and x0*sin + x1*cos -> fma(x0, sin, x1*cos) */
 static void rope_head(const float *src, float *dst, const float *cache, int n_rot, int neox) {
@@ -585,7 +857,7 @@ static void f16_to_f32(int64_t n, const lle_half *x, float *y) {
     for (; i < n; i++) y[i] = _cvtsh_ss(x[i]);
 }
 
-lle_op_kernels LLE_OPS_TABLE = {swiglu, geglu, softmax_exp, rope_head, attn_row, f16_to_f32};
+lle_op_kernels LLE_OPS_TABLE = {swiglu, geglu, softmax_exp, rope_head, attn_row, f16_to_f32, attn_group};
 
 #if defined(__clang__)
 #pragma clang attribute pop

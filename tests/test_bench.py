@@ -11,6 +11,7 @@ import io
 import json
 import re
 import sys
+import time
 from pathlib import Path
 
 import gguf
@@ -227,6 +228,39 @@ def test_generation_test_decodes_one_token_at_a_time_and_order_alternates() -> N
     assert firsts == ["llmedge", "llama.cpp", "llama.cpp", "llmedge", "llmedge", "llama.cpp", "llama.cpp",
                       "llmedge"]
     assert [e for e in log if e[1] == "end"] == [("llmedge", "end"), ("llama.cpp", "end")]
+
+
+class SlowPrompts(Recorder):
+    """A runner whose multi-token decodes (a prompt or a depth) take 0.3 s."""
+
+    def decode(self, tokens: np.ndarray) -> None:
+        super().decode(tokens)
+        if len(tokens) > 1:
+            time.sleep(0.3)
+
+
+def test_depth_fills_the_cache_untimed_before_each_repetition() -> None:
+    """llama-bench's -d: every repetition clears the cache, evaluates n_depth random tokens (BOS first)
+    in batch chunks before the clock starts, then runs the test; warm-ups run at no depth; the test's
+    name and record carry the depth; the context holds depth + test tokens."""
+    log: list = []
+    params = BenchParams(n_prompt=[], n_gen=[3], n_depth=[0, 6], n_batch=4, reps=2)
+    tests = params.tests()
+    assert [t.name for t in tests] == ["tg3", "tg3 @ d6"]
+    runner = SlowPrompts("llmedge", log)
+    rows = run_tests([runner], tests, params)
+    assert [e for e in log if e[1] == "begin"] == [("llmedge", "begin", 3), ("llmedge", "begin", 9)]
+    deep = _runs(log[log.index(("llmedge", "begin", 9)):], "llmedge")
+    assert [len(r) for r in deep] == [1, 2 + 3, 2 + 3]  # warm-up: one step; then 4 + 2 depth tokens, 3 steps
+    for run in deep[1:]:
+        assert [len(c) for c in run] == [4, 2, 1, 1, 1]
+        assert run[0][0] == 1  # BOS opens the depth, not the generation
+    assert rows[1].fields()["n_depth"] == 6 and rows[0].fields()["n_depth"] == 0
+    # the depth's 0.6 s of (slow) prompt decoding is outside the clock
+    assert all(ns < 0.25e9 for ns in rows[1].samples_ns), rows[1].samples_ns
+    assert rows[1].avg_ts > 0
+    with pytest.raises(LlmedgeError, match="-d"):
+        BenchParams(n_depth=[-1]).validate()
 
 
 def test_no_warmup_and_no_bos() -> None:
