@@ -352,6 +352,26 @@ LLE_INLINE float scores_blocked(const lle_attn_args *a, int64_t g, int qp, const
     return max;
 }
 
+/* o[e] = the sum of the L partial sums acc[l * d + e] in llama.cpp's order (the last step of v_sum_rows) */
+LLE_INLINE void v_sum_finish(const float *acc, int64_t d, int L, float *o) {
+#define A(l) _mm256_loadu_ps(acc + (l) * d + e)
+    for (int64_t e = 0; e < d; e += 8) {
+        __m256 r;
+        if (L == 8) {
+            r = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(A(4), A(0)), _mm256_add_ps(A(6), A(2))),
+                              _mm256_add_ps(_mm256_add_ps(A(5), A(1)), _mm256_add_ps(A(7), A(3))));
+        } else {
+            __m256 x[8];
+            for (int l = 0; l < 8; l++) x[l] = _mm256_add_ps(_mm256_add_ps(A(l), A(16 + l)), _mm256_add_ps(A(8 + l), A(24 + l)));
+            __m256 t0[4];
+            for (int l = 0; l < 4; l++) t0[l] = _mm256_add_ps(x[l], x[4 + l]);
+            r = _mm256_add_ps(_mm256_add_ps(t0[0], t0[1]), _mm256_add_ps(t0[2], t0[3]));
+        }
+        _mm256_storeu_ps(o + e, r);
+    }
+#undef A
+}
+
 /* V sum (d % 8 == 0; w[j] are the final probabilities, 0 for masked cells, over [jb, jend) with jb a
  * multiple of L): llama.cpp keeps, per output value, L partial sums of the cells j with j % L = l.
  * Here each pass takes one l and a block of up to 64 output values (8 registers), so a V row is
@@ -417,22 +437,7 @@ LLE_INLINE void v_sum_rows(const lle_attn_args *a, int64_t g, const float *w, in
             for (int k = 0; k < S; k++) _mm256_storeu_ps(al + 8 * k, sv[k]);
         }
     }
-#define A(l) _mm256_loadu_ps(acc + (l) * d + e)
-    for (int64_t e = 0; e < d; e += 8) {
-        __m256 r;
-        if (L == 8) {
-            r = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(A(4), A(0)), _mm256_add_ps(A(6), A(2))),
-                              _mm256_add_ps(_mm256_add_ps(A(5), A(1)), _mm256_add_ps(A(7), A(3))));
-        } else {
-            __m256 x[8];
-            for (int l = 0; l < 8; l++) x[l] = _mm256_add_ps(_mm256_add_ps(A(l), A(16 + l)), _mm256_add_ps(A(8 + l), A(24 + l)));
-            __m256 t0[4];
-            for (int l = 0; l < 4; l++) t0[l] = _mm256_add_ps(x[l], x[4 + l]);
-            r = _mm256_add_ps(_mm256_add_ps(t0[0], t0[1]), _mm256_add_ps(t0[2], t0[3]));
-        }
-        _mm256_storeu_ps(o + e, r);
-    }
-#undef A
+    v_sum_finish(acc, d, L, o);
 }
 
 /* Attention of one query row and head exactly as llama.cpp computes it without flash attention
@@ -752,26 +757,6 @@ LLE_INLINE void v_sum_group(const lle_attn_args *a, int64_t g, const float *cons
             }
         }
     }
-}
-
-/* o[e] = the sum of the L partial sums acc[l * d + e] in llama.cpp's order (v_sum_rows' last step) */
-LLE_INLINE void v_sum_finish(const float *acc, int64_t d, int L, float *o) {
-#define A(l) _mm256_loadu_ps(acc + (l) * d + e)
-    for (int64_t e = 0; e < d; e += 8) {
-        __m256 r;
-        if (L == 8) {
-            r = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(A(4), A(0)), _mm256_add_ps(A(6), A(2))),
-                              _mm256_add_ps(_mm256_add_ps(A(5), A(1)), _mm256_add_ps(A(7), A(3))));
-        } else {
-            __m256 x[8];
-            for (int l = 0; l < 8; l++) x[l] = _mm256_add_ps(_mm256_add_ps(A(l), A(16 + l)), _mm256_add_ps(A(8 + l), A(24 + l)));
-            __m256 t0[4];
-            for (int l = 0; l < 4; l++) t0[l] = _mm256_add_ps(x[l], x[4 + l]);
-            r = _mm256_add_ps(_mm256_add_ps(t0[0], t0[1]), _mm256_add_ps(t0[2], t0[3]));
-        }
-        _mm256_storeu_ps(o + e, r);
-    }
-#undef A
 }
 
 LLE_INLINE void attn_group_n(const lle_attn_args *a, int64_t i, int64_t h0, const int nh, float *scratch, int64_t per) {
