@@ -285,10 +285,8 @@ typedef struct {
     int kv_wide;
 } lle_attn_args;
 
-/* query heads attn_group takes at once, and the largest head size it takes (a K row as floats on the
- * stack; larger heads go head by head) */
+/* query heads attn_group takes at once */
 #define LLE_ATTN_GROUP 4
-#define LLE_ATTN_MAX_D 512
 
 /* floats of scratch one attention row needs */
 LLE_INLINE int64_t lle_attn_scratch_floats(int64_t t, int64_t d) {

@@ -572,21 +572,24 @@ static void attn_row(const lle_attn_args *a, int64_t i, int64_t h, float *scratc
 #undef A
 }
 
-/* ---- the query heads of one KV head together (decode over an f16 cache) ----
+/* ---- the query heads of one KV head together (decode over an f16 cache; AVX-512 tier) ----
  * attn_group computes heads h0 .. h0 + nh - 1 of query row i, which share KV head g, exactly as
  * attn_row computes each (the same scores, softmax and V sums in the same order, so every value
  * bit for bit), but each K and V row is loaded and converted from f16 once for the nh heads instead
  * of once per head: grouped-query attention reads its cache 1/nh as often. Only the decode case
  * takes it (one query row: ggml's orders, an f16 cache read as f16, d % 32 == 0); anything else
- * goes head by head through attn_row. Scratch: nh consecutive attn_row scratches of `per` floats. */
+ * goes head by head through attn_row. Scratch: nh consecutive attn_row scratches of `per` floats.
+ * The 512-bit registers hold the nh heads' accumulators; with AVX2's 16 registers the shared
+ * conversion needs a buffer, and measured slower than head by head (SmolLM2, 2048 cells: 164-227
+ * vs 121-131 us per layer), so the AVX2 tier has no attn_group. */
+#if defined(LLE_OPS_512)
 
 /* scores of cells j..j+7 for nh queries (ggml's order per query, as kq8_ggml) into s[h] */
 LLE_INLINE void kq8_ggml_group(const uint8_t *k0, size_t kst, const float *const *qv, int nh, int64_t d,
-                               float *kf, __m256 *s) {
+                               __m256 *s) {
     __m256 x[LLE_ATTN_GROUP][8];
     for (int m = 0; m < 8; m++) {
         const uint8_t *kr = k0 + m * kst;
-#if defined(LLE_OPS_512)
         __m512 a[LLE_ATTN_GROUP], b[LLE_ATTN_GROUP];
         for (int h = 0; h < nh; h++) a[h] = b[h] = _mm512_setzero_ps();
         for (int64_t l = 0; l < d; l += 32) {
@@ -600,20 +603,6 @@ LLE_INLINE void kq8_ggml_group(const uint8_t *k0, size_t kst, const float *const
             const __m512 ab = _mm512_add_ps(a[h], b[h]);
             x[h][m] = _mm256_add_ps(lo256(ab), hi256(ab));
         }
-#else
-        /* the row as floats once (exact), then kq8_ggml's loop per query over them */
-        for (int64_t l = 0; l < d; l += 8) _mm256_storeu_ps(kf + l, LDH((const lle_half *)kr + l));
-        for (int h = 0; h < nh; h++) {
-            __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
-            for (int64_t l = 0; l < d; l += 32) {
-                s0 = _mm256_fmadd_ps(_mm256_loadu_ps(kf + l), _mm256_loadu_ps(qv[h] + l), s0);
-                s1 = _mm256_fmadd_ps(_mm256_loadu_ps(kf + l + 8), _mm256_loadu_ps(qv[h] + l + 8), s1);
-                s2 = _mm256_fmadd_ps(_mm256_loadu_ps(kf + l + 16), _mm256_loadu_ps(qv[h] + l + 16), s2);
-                s3 = _mm256_fmadd_ps(_mm256_loadu_ps(kf + l + 24), _mm256_loadu_ps(qv[h] + l + 24), s3);
-            }
-            x[h][m] = _mm256_add_ps(_mm256_add_ps(s0, s2), _mm256_add_ps(s1, s3));
-        }
-#endif
     }
     for (int h = 0; h < nh; h++) s[h] = reduce_ggml4_x8(x[h]);
 }
@@ -621,7 +610,7 @@ LLE_INLINE void kq8_ggml_group(const uint8_t *k0, size_t kst, const float *const
 /* scores_blocked (ggml order, f16 cache) for nh queries: w[h] gets query h's scores, max[h] its max;
  * the visible range [jlo, jhi] depends on positions only, so it is the same for every query */
 LLE_INLINE void scores_group(const lle_attn_args *a, int64_t g, int qp, const float *const *qv, int nh,
-                             float *const *w, float *kf, float *max, int64_t *jlo_out, int64_t *jhi_out) {
+                             float *const *w, float *max, int64_t *jlo_out, int64_t *jhi_out) {
     const int64_t d = a->d, t = a->t;
     const size_t kst = (size_t)a->ks_t * 2;
     const uint8_t *kb = a->k + (size_t)(g * a->ks_h) * 2;
@@ -639,7 +628,7 @@ LLE_INLINE void scores_group(const lle_attn_args *a, int64_t g, int qp, const fl
         }
         if (jlo == t) jlo = j + __builtin_ctz((unsigned)vis);
         jhi = j + 31 - __builtin_clz((unsigned)vis);
-        kq8_ggml_group(kb + j * kst, kst, qv, nh, d, kf, s);
+        kq8_ggml_group(kb + j * kst, kst, qv, nh, d, s);
         for (int h = 0; h < nh; h++) {
             __m256 sh = s[h];
             if (a->softcap > 0) {
@@ -699,16 +688,11 @@ LLE_INLINE void v_sum_group(const lle_attn_args *a, int64_t g, const float *cons
                             int64_t jend, int L, float *const *acc) {
     const int64_t d = a->d;
     const size_t vst = (size_t)a->vs_t * 2;
-#if defined(LLE_OPS_512)
     enum { E = 64 };  /* values per pass: 4 registers of 16 per head */
-#else
-    enum { E = 16 };  /* 2 registers of 8 per head (16 registers in all) */
-#endif
     for (int64_t e0 = 0; e0 < d; e0 += E) {
         const int S = d - e0 >= E ? E / 8 : (int)((d - e0) / 8);  /* 8-value slices in this pass */
         const uint8_t *vb = a->v + (size_t)(g * a->vs_h + e0) * 2;
         for (int l = 0; l < L; l++) {
-#if defined(LLE_OPS_512)
             if (S == 8) {
                 __m512 z[LLE_ATTN_GROUP][4];
                 for (int h = 0; h < nh; h++) z[h][0] = z[h][1] = z[h][2] = z[h][3] = _mm512_setzero_ps();
@@ -731,8 +715,7 @@ LLE_INLINE void v_sum_group(const lle_attn_args *a, int64_t g, const float *cons
                     for (int k = 0; k < 4; k++) _mm512_storeu_ps(acc[h] + l * d + e0 + 16 * k, z[h][k]);
                 continue;
             }
-#endif
-            /* S slices of 8 values (S <= 8 on AVX-512's tail, S <= 2 on AVX2) */
+            /* the last d % 64 values: S < 8 slices of 8, two at a time */
             for (int s0 = 0; s0 < S; s0 += 2) {
                 const int two = s0 + 1 < S;
                 __m256 y[LLE_ATTN_GROUP][2];
@@ -766,7 +749,6 @@ LLE_INLINE void attn_group_n(const lle_attn_args *a, int64_t i, int64_t h0, cons
     const int qp = a->q_pos[i];
     float *w[LLE_ATTN_GROUP], *acc[LLE_ATTN_GROUP], max[LLE_ATTN_GROUP];
     const float *qc[LLE_ATTN_GROUP];
-    float kf[LLE_ATTN_MAX_D];
     int nv = 0;  /* heads with a visible cell */
     for (int hh = 0; hh < nh; hh++) {
         /* attn_row's scratch layout per head: scores, Q (as halves, then as floats in acc) */
@@ -781,7 +763,7 @@ LLE_INLINE void attn_group_n(const lle_attn_args *a, int64_t i, int64_t h0, cons
         qc[hh] = acc[hh];
     }
     int64_t jlo, jhi;
-    scores_group(a, g, qp, qc, nh, w, kf, max, &jlo, &jhi);
+    scores_group(a, g, qp, qc, nh, w, max, &jlo, &jhi);
     const int L = 32;  /* one query row: ggml's 32 lanes (attn_row's tb_kqv is 0) */
     const int64_t c0 = jlo & ~(int64_t)7, c1 = (jhi + 8) & ~(int64_t)7, jb = jlo & ~(int64_t)(L - 1);
     float *wv[LLE_ATTN_GROUP], *av[LLE_ATTN_GROUP];
@@ -813,7 +795,7 @@ LLE_INLINE void attn_group_n(const lle_attn_args *a, int64_t i, int64_t h0, cons
 /* nh a compile-time constant in each instance, so the heads' accumulators stay in registers */
 static void attn_group(const lle_attn_args *a, int64_t i, int64_t h0, int nh, float *scratch, int64_t per) {
     const int64_t d = a->d;
-    if (nh < 2 || nh > LLE_ATTN_GROUP || a->n != 1 || !a->kv_f16 || a->kv_wide || d % 32 != 0 || d > LLE_ATTN_MAX_D) {
+    if (nh < 2 || nh > LLE_ATTN_GROUP || a->n != 1 || !a->kv_f16 || a->kv_wide || d % 32 != 0) {
         for (int hh = 0; hh < nh; hh++) attn_row(a, i, h0 + hh, scratch);
         return;
     }
@@ -823,6 +805,10 @@ static void attn_group(const lle_attn_args *a, int64_t i, int64_t h0, int nh, fl
     default: attn_group_n(a, i, h0, 4, scratch, per); break;
     }
 }
+#define ATTN_GROUP attn_group
+#else
+#define ATTN_GROUP NULL
+#endif
 
 /* ggml's rotate_pairs as GCC contracts it in an -march=native build:
  * x0*cos - x1*sin -> fma(x0, cos, -(x1*sin)) and x0*sin + x1*cos -> fma(x0, sin, x1*cos) */
@@ -842,7 +828,7 @@ static void f16_to_f32(int64_t n, const lle_half *x, float *y) {
     for (; i < n; i++) y[i] = _cvtsh_ss(x[i]);
 }
 
-lle_op_kernels LLE_OPS_TABLE = {swiglu, geglu, softmax_exp, rope_head, attn_row, f16_to_f32, attn_group};
+lle_op_kernels LLE_OPS_TABLE = {swiglu, geglu, softmax_exp, rope_head, attn_row, f16_to_f32, ATTN_GROUP};
 
 #if defined(__clang__)
 #pragma clang attribute pop
