@@ -352,9 +352,10 @@ LLE_INLINE float scores_blocked(const lle_attn_args *a, int64_t g, int qp, const
     return max;
 }
 
-/* o[e] = the sum of the L partial sums acc[l * d + e] in llama.cpp's order (the last step of v_sum_rows) */
-LLE_INLINE void v_sum_finish(const float *acc, int64_t d, int L, float *o) {
-#define A(l) _mm256_loadu_ps(acc + (l) * d + e)
+/* o[e] = the sum of the L partial sums acc[l * ld + e] (e < d, ld >= d a multiple of 8) in
+ * llama.cpp's order: the last step of every V sum */
+LLE_INLINE void v_sum_finish(const float *acc, int64_t ld, int64_t d, int L, float *o) {
+#define A(l) _mm256_loadu_ps(acc + (l) * ld + e)
     for (int64_t e = 0; e < d; e += 8) {
         __m256 r;
         if (L == 8) {
@@ -367,7 +368,13 @@ LLE_INLINE void v_sum_finish(const float *acc, int64_t d, int L, float *o) {
             for (int l = 0; l < 4; l++) t0[l] = _mm256_add_ps(x[l], x[4 + l]);
             r = _mm256_add_ps(_mm256_add_ps(t0[0], t0[1]), _mm256_add_ps(t0[2], t0[3]));
         }
-        _mm256_storeu_ps(o + e, r);
+        if (e + 8 <= d) {
+            _mm256_storeu_ps(o + e, r);
+        } else {
+            float tmp[8];
+            _mm256_storeu_ps(tmp, r);
+            memcpy(o + e, tmp, (size_t)(d - e) * sizeof(float));
+        }
     }
 #undef A
 }
@@ -437,7 +444,7 @@ LLE_INLINE void v_sum_rows(const lle_attn_args *a, int64_t g, const float *w, in
             for (int k = 0; k < S; k++) _mm256_storeu_ps(al + 8 * k, sv[k]);
         }
     }
-    v_sum_finish(acc, d, L, o);
+    v_sum_finish(acc, d, d, L, o);
 }
 
 /* Attention of one query row and head exactly as llama.cpp computes it without flash attention
@@ -548,28 +555,7 @@ static void attn_row(const lle_attn_args *a, int64_t i, int64_t h, float *scratc
             for (; e < d; e++) al[e] = fmaf(vf[e], p, al[e]);
         }
     }
-#define A(l) _mm256_loadu_ps(acc + (l) * dp + e)
-    for (int64_t e = 0; e < dp; e += 8) {
-        __m256 r;
-        if (L == 8) {
-            r = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(A(4), A(0)), _mm256_add_ps(A(6), A(2))),
-                              _mm256_add_ps(_mm256_add_ps(A(5), A(1)), _mm256_add_ps(A(7), A(3))));
-        } else {
-            __m256 x[8];
-            for (int l = 0; l < 8; l++) x[l] = _mm256_add_ps(_mm256_add_ps(A(l), A(16 + l)), _mm256_add_ps(A(8 + l), A(24 + l)));
-            __m256 t0[4];
-            for (int l = 0; l < 4; l++) t0[l] = _mm256_add_ps(x[l], x[4 + l]);
-            r = _mm256_add_ps(_mm256_add_ps(t0[0], t0[1]), _mm256_add_ps(t0[2], t0[3]));
-        }
-        if (e + 8 <= d) {
-            _mm256_storeu_ps(o + e, r);
-        } else {
-            float tmp[8];
-            _mm256_storeu_ps(tmp, r);
-            memcpy(o + e, tmp, (size_t)(d - e) * sizeof(float));
-        }
-    }
-#undef A
+    v_sum_finish(acc, dp, d, L, o);
 }
 
 /* ---- the query heads of one KV head together (decode over an f16 cache; AVX-512 tier) ----
@@ -789,7 +775,7 @@ LLE_INLINE void attn_group_n(const lle_attn_args *a, int64_t i, int64_t h0, cons
     }
     if (!nv) return;
     v_sum_group(a, g, (const float *const *)wv, nv, jb, jhi + 1, L, av);
-    for (int k = 0; k < nv; k++) v_sum_finish(av[k], d, L, a->out + (i * a->n_head + h0 + hv[k]) * d);
+    for (int k = 0; k < nv; k++) v_sum_finish(av[k], d, d, L, a->out + (i * a->n_head + h0 + hv[k]) * d);
 }
 
 /* nh a compile-time constant in each instance, so the heads' accumulators stay in registers */
