@@ -328,6 +328,9 @@ long long lle_row_size(int type, long long k) {
 
 /* ---------------------------------------------------------------- matmul */
 
+/* the type's packed kernel computes its vec_dot order (Q4_1), not only a repacked or tiled one */
+static int packed_plain(const lle_kernels *kw) { return kw->packed && !kw->vec_dot_r8 && !kw->vec_dot_tiled; }
+
 typedef struct {
     const lle_kernels *kw;
     lle_vec_dot_fn vd;    /* the dot product of this call (its summation order) */
@@ -503,6 +506,8 @@ int lle_matmul_impl(int type, const void *w, long long w_stride, long long m, lo
         c.vd = kw->vec_dot_batch;
         c.tile = kw->tile_batch;
         c.tile_rows = 4;
+    } else if (packed_plain(kw) && m % LLE_PACK_ROWS == 0 && (c.pw = lle_packed_find(type, w, c.ws, m, k))) {
+        c.gbytes = lle_packed_group_bytes(type, k);
     }
     /* float activation scales for the decode kernel (one row) or the tiles (per 4-row group) */
     const int uses_tiles = n > 1 && c.tile;
@@ -574,6 +579,7 @@ int lle_matmul(int type, const void *w, long long w_stride, long long m, long lo
  * (llama.cpp's multi-row kernels sum in other orders; a row's argmax could flip). */
 typedef struct {
     lle_vec_dot_fn vd; lle_gemv_fn gemv; lle_gemv_rows_fn gemv_rows;
+    lle_packed_fn packed; const uint8_t *pw; int64_t gbytes;  /* a packed copy (see mm_ctx) */
     const uint8_t *w; size_t ws; int64_t m; int k;
     const uint8_t *a; size_t as; int64_t n;
     const float *scales; int64_t scale_stride;
@@ -590,6 +596,15 @@ static void mr_task(void *vctx, int ith, int nth) {
         if (ch >= c->n_chunks) break;
         const int64_t j0 = ch * c->chunk;
         const int64_t j1 = j0 + c->chunk < c->m ? j0 + c->chunk : c->m;
+        if (c->pw) {  /* each group of weight rows against every activation row while it is in L1 */
+            for (int64_t g = j0; g < j1; g += LLE_PACK_ROWS)
+                for (int64_t i = 0; i < c->n; i += 4) {
+                    const int nr = c->n - i < 4 ? (int)(c->n - i) : 4;
+                    c->packed(c->k, c->pw + g / LLE_PACK_ROWS * c->gbytes, 1, c->a + i * c->as, c->as, nr, 0,
+                              c->out + i * c->ldo + g, (size_t)c->ldo);
+                }
+            continue;
+        }
         if (c->gemv_rows) {
             for (int64_t i = 0; i < c->n; i += LLE_GEMV_ROWS) {
                 const int nr = c->n - i < LLE_GEMV_ROWS ? (int)(c->n - i) : LLE_GEMV_ROWS;
@@ -649,6 +664,11 @@ int lle_matmul_rows_impl(int type, const void *w, long long w_stride, long long 
     c.n = n;
     c.out = out;
     c.ldo = ldo > 0 ? ldo : m;
+    if (packed_plain(kw) && c.vd == kw->vec_dot && m % LLE_PACK_ROWS == 0 && (c.pw = lle_packed_find(type, w, c.ws, m, k))) {
+        c.packed = kw->packed;
+        c.gbytes = lle_packed_group_bytes(type, k);
+        c.gemv_rows = NULL;
+    }
     const int64_t nb = k / lle_type_traits[vt].block_size;
     if (vt == T_F32) {
         c.a = (const uint8_t *)x;
@@ -680,6 +700,7 @@ int lle_matmul_rows_impl(int type, const void *w, long long w_stride, long long 
     }
     int64_t chunk = m / (nth * 16);  /* the one-row product's chunks (a gemv's rows group by chunk) */
     if (chunk < 8) chunk = 8;
+    if (c.pw) chunk = (chunk + LLE_PACK_ROWS - 1) / LLE_PACK_ROWS * LLE_PACK_ROWS;
     c.chunk = chunk;
     c.n_chunks = (m + chunk - 1) / chunk;
     if (nth == 1 || c.n_chunks == 1 || (int64_t)c.ws * m < 16384) mr_task(&c, 0, 1);
@@ -757,7 +778,7 @@ int lle_matvec_group_impl(const lle_weight *const *ws, int count, const float *x
         }
         p->w = w->data;
         p->ws = w->row_bytes > 0 ? (size_t)w->row_bytes : (size_t)lle_row_size(type, w->k);
-        if (p->vd == kw->vec_dot_r8 && kw->packed && w->m % LLE_PACK_ROWS == 0 &&
+        if ((p->vd == kw->vec_dot_r8 || packed_plain(kw)) && kw->packed && w->m % LLE_PACK_ROWS == 0 &&
             (p->pw = lle_packed_find(type, w->data, p->ws, w->m, w->k))) {
             p->packed = kw->packed;
             p->gbytes = lle_packed_group_bytes(type, w->k);
@@ -805,8 +826,9 @@ int lle_pack_weight(int type, const void *w, long long w_stride, long long m, lo
     const lle_kernels *kw = &g_active[type];
     const size_t ws = w_stride > 0 ? (size_t)w_stride : (size_t)lle_row_size(type, k);
     int r = 0;
-    /* only where the packed kernels replace the ones a product of this weight uses */
-    if (kw->packed && (kw->vec_dot_r8 || kw->vec_dot_tiled) && m % LLE_PACK_ROWS == 0 && lle_packed_group_bytes(type, k) > 0)
+    /* every type whose tier has packed kernels: they replace the repacked (Q4_K), tiled (Q6_K, 8+ rows)
+     * or only (Q4_1) order of its products */
+    if (kw->packed && m % LLE_PACK_ROWS == 0 && lle_packed_group_bytes(type, k) > 0)
         r = lle_packed_add(type, w, ws, m, k);
     lle_unlock();
     return r;

@@ -261,6 +261,13 @@ void lle_test_add_cpu_features(int features);  /* self-test only */
 #define LLE_PK_Q6K_SC 32
 #define LLE_PK_Q6K_Q 288
 #define LLE_PK_Q6K_BLOCK (288 + 64 * 64)
+/* Q4_1, 16 rows per group, read by every product (one order: vec_dot's); per 32-value block:
+ *   d[16], m[16] (f16) | qs[4][64]: for c < 4 the 4 bytes qs[4c ..] of each row l (low nibbles:
+ *   values 4c.., AVX2's lane c; high nibbles: values 16 + 4c.., its lane c + 4) */
+#define LLE_PK_Q41_D 0
+#define LLE_PK_Q41_M 32
+#define LLE_PK_Q41_QS 64
+#define LLE_PK_Q41_BLOCK (64 + 4 * 64)
 /* the packed copy of weight w (m rows of k values, row stride ws) if one was made, else NULL */
 const void *lle_packed_find(int type, const void *w, size_t ws, int64_t m, int64_t k);
 /* bytes of one packed group of LLE_PACK_ROWS rows */

@@ -12,9 +12,10 @@
  * 512-bit register (two activation rows of a prefill tile, in the two 256-bit halves), each half
  * performs exactly the AVX2 kernel's 8-lane operations.
  *
- * Q4_K and Q6_K weights with a multiple of 16 rows also get a packed copy at load (native/packed.c):
- * packed_q4_K serves decode and both repacked prefill orders, packed_q6_K the tiled order (8+ rows),
- * from 16 interleaved rows.
+ * Q4_K, Q6_K and Q4_1 weights with a multiple of 16 rows also get a packed copy at load
+ * (native/packed.c): packed_q4_K serves decode and both repacked prefill orders, packed_q6_K the tiled
+ * order (8+ rows), packed_q4_1 every Q4_1 product (one row, row-exact batches, prefill), from 16
+ * interleaved rows.
  *
  * The same source is compiled a second time against SIMDe (LLE_AVX512_SIMDE, see
  * native/selftest_simde.c), into the self-test only, so that a CPU without AVX-512 checks this code
@@ -38,6 +39,18 @@ lle_kernels LLE_AVX512_TABLE[T_COUNT];
 /* decode kernels stream the weights: prefetch this many bytes ahead of the block being read */
 #ifndef LLE_PREFETCH
 #define LLE_PREFETCH 2048
+
+
+
+
+
+
+
+
+
+
+
+
 #endif
 
 /* ---------------------------------------------------------------- helpers (as in quants_avx2.c) */
@@ -500,6 +513,80 @@ static void packed_q4_K(int k, const void *pw, int ng, const void *a, size_t as,
     }
 }
 
+/* ---------------------------------------------------------------- Q4_1, packed 16 rows (native/packed.c) */
+/* vec_dot_q4_1's order (the only one Q4_1 has, so this serves decode, batched rows and prefill) over
+ * a group of 16 weight rows, lane l = row l. AVX2's 8-lane dot of a block becomes 8 vectors: its
+ * lane c < 4 (low nibbles of qs[4c..4c+3] against activation bytes 4c..) and lane c + 4 (their high
+ * nibbles against bytes 16 + 4c..) are vpdpbusd of one 64-byte chunk against 4 activation bytes
+ * broadcast, the same integers. Each of the 8 lanes then keeps its own accumulator with the one-row
+ * kernel's float operations (acc = fma(dx * dy, dot, acc); summs = fma(m, s, summs)), and the end
+ * adds them in hsum_float_8's tree, so every row's value is bit for bit the unpacked kernel's. No
+ * dependency chain runs through one accumulator per block (the one-row gemv's bound), and a block's
+ * unpacked weights serve two activation rows. */
+/* hsum_float_8 of AVX2's 8 lanes, each lane a vector of 16 rows: ((l4 + l0) + (l6 + l2)) + ((l5 + l1) + (l7 + l3)) */
+LLE_INLINE __m512 hsum8_lanes(const __m512 v[8]) {
+    return _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(v[4], v[0]), _mm512_add_ps(v[6], v[2])),
+                         _mm512_add_ps(_mm512_add_ps(v[5], v[1]), _mm512_add_ps(v[7], v[3])));
+}
+
+LLE_INLINE void packed_q4_1_nr(const int NR, int k, const uint8_t *pw, const uint8_t *a, size_t as, float *out,
+                               size_t ldo) {
+    const int nb = k / QK;
+    const __m512i m4 = _mm512_set1_epi8(0xF);
+    __m512 acc[2][8], summs[2];
+#pragma GCC unroll 2
+    for (int r = 0; r < NR; r++) {
+        summs[r] = _mm512_setzero_ps();
+#pragma GCC unroll 8
+        for (int l = 0; l < 8; l++) acc[r][l] = _mm512_setzero_ps();
+    }
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = pw + (size_t)b * LLE_PK_Q41_BLOCK;
+        _mm_prefetch((const char *)blk + LLE_PREFETCH, _MM_HINT_T0);
+        _mm_prefetch((const char *)blk + LLE_PREFETCH + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)blk + LLE_PREFETCH + 128, _MM_HINT_T0);
+        _mm_prefetch((const char *)blk + LLE_PREFETCH + 192, _MM_HINT_T0);
+        _mm_prefetch((const char *)blk + LLE_PREFETCH + 256, _MM_HINT_T0);
+        const __m512 dw = lle512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + LLE_PK_Q41_D)));
+        const __m512 mw = lle512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + LLE_PK_Q41_M)));
+        __m512i wq[8];
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+            const __m512i p = _mm512_loadu_si512((const void *)(blk + LLE_PK_Q41_QS + 64 * c));
+            wq[c] = _mm512_and_si512(p, m4);
+            wq[c + 4] = _mm512_and_si512(_mm512_srli_epi16(p, 4), m4);
+        }
+#pragma GCC unroll 2
+        for (int r = 0; r < NR; r++) {
+            const block_q8_1 *y = (const block_q8_1 *)(a + (size_t)r * as) + b;
+            summs[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(h2f(y->s)), summs[r]);
+            const __m512 dd = _mm512_mul_ps(dw, _mm512_set1_ps(h2f(y->d)));
+#pragma GCC unroll 8
+            for (int l = 0; l < 8; l++) {
+                const __m512i yq = _mm512_set1_epi32(load_i32(y->qs + (l < 4 ? 4 * l : 16 + 4 * (l - 4))));
+                const __m512 dot = lle512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[l], yq));
+                acc[r][l] = _mm512_fmadd_ps(dd, dot, acc[r][l]);
+            }
+        }
+    }
+#pragma GCC unroll 2
+    for (int r = 0; r < NR; r++) _mm512_storeu_ps(out + (size_t)r * ldo, _mm512_add_ps(hsum8_lanes(acc[r]), summs[r]));
+}
+
+/* `gemm` is unused (one order); activation rows two at a time (16 accumulators each pass) */
+static void packed_q4_1(int k, const void *pw, int ng, const void *a, size_t as, int nr, int gemm, float *out,
+                        size_t ldo) {
+    (void)gemm;
+    const size_t gbytes = (size_t)(k / QK) * LLE_PK_Q41_BLOCK;
+    for (int g = 0; g < ng; g++) {
+        const uint8_t *gw = (const uint8_t *)pw + (size_t)g * gbytes;
+        int r = 0;
+        for (; r + 2 <= nr; r += 2)
+            packed_q4_1_nr(2, k, gw, (const uint8_t *)a + (size_t)r * as, as, out + (size_t)r * ldo + LLE_PACK_ROWS * g, ldo);
+        if (r < nr) packed_q4_1_nr(1, k, gw, (const uint8_t *)a + (size_t)r * as, as, out + (size_t)r * ldo + LLE_PACK_ROWS * g, ldo);
+    }
+}
+
 /* ---------------------------------------------------------------- Q6_K */
 /* Per 128 values j of a block: A = [q4_0 | q4_1] and B = [q4_2 | q4_3] in AVX2's names (6-bit
  * quants against activation bytes 128j..+63 and +64..+127), then maddubs and vpdpwssd with each
@@ -953,7 +1040,7 @@ void LLE_AVX512_REGISTER(void) {
     k = from_avx2(T_Q4_0); k.vec_dot = vec_dot_q4_0; k.gemv = gemv_q4_0; k.gemv_rows = gemv_rows_q4_0; k.tile = tile_q4_0; k.tile_rows = 8; t[T_Q4_0] = k;
     k = from_avx2(T_Q5_0); k.vec_dot = vec_dot_q5_0; k.gemv = gemv_q5_0; k.tile = tile_q5_0; k.tile_rows = 8; t[T_Q5_0] = k;
     k = from_avx2(T_Q8_0); k.vec_dot = vec_dot_q8_0; k.gemv = gemv_q8_0; k.gemv_rows = gemv_rows_q8_0; k.tile = tile_q8_0; k.tile_rows = 8; t[T_Q8_0] = k;
-    k = from_avx2(T_Q4_1); k.vec_dot = vec_dot_q4_1; k.gemv = gemv_q4_1; k.gemv_rows = gemv_rows_q4_1; k.tile = tile_q4_1; k.tile_rows = 8; t[T_Q4_1] = k;
+    k = from_avx2(T_Q4_1); k.vec_dot = vec_dot_q4_1; k.gemv = gemv_q4_1; k.gemv_rows = gemv_rows_q4_1; k.tile = tile_q4_1; k.tile_rows = 8; k.packed = packed_q4_1; t[T_Q4_1] = k;
     k = from_avx2(T_Q4_K); k.vec_dot_r8 = vec_dot_q4_K_r8; k.packed = packed_q4_K; t[T_Q4_K] = k;
     k = from_avx2(T_Q6_K); k.vec_dot = vec_dot_q6_K; k.tile_tiled = tile_q6_K_tiled; k.packed = packed_q6_K; t[T_Q6_K] = k;
     k = from_avx2(T_F16); k.vec_dot = vec_dot_f16; k.tile_batch = tile_batch_f16; t[T_F16] = k;

@@ -219,14 +219,14 @@ static void test_rows(int isa) {
  * use the stale copy */
 static void test_packed(int isa, int ref_isa) {
     static const int ms[] = {16, 48}, ks[] = {512, 2304}, ns[] = {1, 3, 4, 5, 8, 13};
-    static const int pts[] = {T_Q4_K, T_Q6_K};
+    static const int pts[] = {T_Q4_K, T_Q6_K, T_Q4_1};
     const int kmax = 2304, mmax = 48, nmax = 13;
     float *x = malloc(sizeof(float) * nmax * kmax), *oa = malloc(sizeof(float) * nmax * mmax);
     float *ob = malloc(sizeof(float) * nmax * mmax);
     uint8_t *w = malloc(1 << 20);
     for (int i = 0; i < nmax * kmax; i++) x[i] = rndf() * 3.0f;
     int packed = 0;
-    for (int ti = 0; ti < 2; ti++)
+    for (int ti = 0; ti < 3; ti++)
     for (int mi = 0; mi < 2; mi++)
         for (int ki = 0; ki < 2; ki++) {
             const int m = ms[mi], k = ks[ki], t = pts[ti];
@@ -244,16 +244,35 @@ static void test_packed(int isa, int ref_isa) {
                     lle_matmul(t, w, rs, m, k, x, n, oa, m);
                     lle_set_isa(isa);
                     lle_matmul(t, w, rs, m, k, x, n, ob, m);
-                    if (stale) w[0] ^= 0x5a;
                     for (int i = 0; i < n * m; i++)
                         CHECK(memcmp(oa + i, ob + i, sizeof(float)) == 0, "packed %s m=%d k=%d n=%d%s [%d]: %.9g vs %.9g",
+                              lle_type_traits[t].name, m, k, n, stale ? " (changed bytes)" : "", i, ob[i], oa[i]);
+                    /* the row-exact batch (batched decode): each row as the one-row product */
+                    lle_set_isa(ref_isa);
+                    for (int i = 0; i < n; i++) lle_matmul(t, w, rs, m, k, x + (size_t)i * k, 1, oa + (size_t)i * m, m);
+                    lle_set_isa(isa);
+                    lle_matmul_rows(t, w, rs, m, k, x, n, ob, m);
+                    if (n == 1) {  /* the grouped decode products (Q/K/V, gate/up) of the decoder layers */
+                        const lle_weight lw = {t, w, rs, m, k};
+                        const lle_weight *ws2[2] = {&lw, &lw};
+                        float *outs[2] = {ob, ob + m};
+                        lle_lock();
+                        CHECK(lle_matvec_group_impl(ws2, 2, x, outs) == 0, "lle_matvec_group_impl failed");
+                        lle_unlock();
+                        for (int i = 0; i < 2 * m; i++)
+                            CHECK(memcmp(oa + i % m, ob + i, sizeof(float)) == 0, "packed group %s m=%d k=%d%s [%d]: %.9g vs %.9g",
+                                  lle_type_traits[t].name, m, k, stale ? " (changed bytes)" : "", i, ob[i], oa[i % m]);
+                    }
+                    if (stale) w[0] ^= 0x5a;
+                    for (int i = 0; i < n * m; i++)
+                        CHECK(memcmp(oa + i, ob + i, sizeof(float)) == 0, "packed rows %s m=%d k=%d n=%d%s [%d]: %.9g vs %.9g",
                               lle_type_traits[t].name, m, k, n, stale ? " (changed bytes)" : "", i, ob[i], oa[i]);
                 }
             }
             if (r == 1) lle_unpack_weight(w);
         }
     CHECK(lle_packed_count() == 0, "%d packed copies left", lle_packed_count());
-    printf("  packed Q4_K, Q6_K: %d of 8 shapes packed\n", packed);
+    printf("  packed Q4_K, Q6_K, Q4_1: %d of 12 shapes packed\n", packed);
     free(x); free(oa); free(ob); free(w);
 }
 

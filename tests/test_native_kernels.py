@@ -326,13 +326,14 @@ def test_batched_rows_equal_single_rows_bitwise(be: NativeBackend, isa: str, t: 
         NativeBackend(2)
 
 
-@pytest.mark.parametrize("t", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [T.Q4_K, T.Q6_K, T.Q4_1], ids=lambda t: t.name)
 def test_packed_weights_give_the_unpacked_products_bitwise(be: NativeBackend, t: T) -> None:
-    """On the AVX-512 tier a Q4_K or Q6_K weight with a multiple of 16 rows gets a packed copy at
-    prepare (16 rows interleaved, native/packed.c); its products equal the unpacked ones of the AVX2
-    tier bit for bit (Q4_K: decode and both repacked prefill orders, 4-row groups then the n % 4
-    rows; Q6_K: the tiled order of 8+ rows), and the copy is freed with the weight. Elsewhere
-    nothing is packed."""
+    """On the AVX-512 tier a Q4_K, Q6_K or Q4_1 weight with a multiple of 16 rows gets a packed copy
+    at prepare (16 rows interleaved, native/packed.c); its products equal the unpacked ones of the
+    AVX2 tier bit for bit (Q4_K: decode and both repacked prefill orders, 4-row groups then the n % 4
+    rows; Q6_K: the tiled order of 8+ rows; Q4_1: its one order everywhere), and so do the row-exact
+    batches (each row as the one-row product; the C self-test also checks the grouped decode
+    products); the copy is freed with the weight. Elsewhere nothing is packed."""
     import gc
 
     from llmedge._native import lib
@@ -349,12 +350,15 @@ def test_packed_weights_give_the_unpacked_products_bitwise(be: NativeBackend, t:
     assert lib.lle_packed_count() == before + 1
     try:
         packed = [be.matmul(x, w) for x in xs]
+        rows = [be.matmul_rows(x, w) for x in xs]
         be.set_isa("avx2")
         unpacked = [be.matmul(x, w) for x in xs]
+        one_row = [np.stack([be.matmul(r[None], w)[0] for r in x]) for x in xs]
     finally:
         be.set_isa(available_isas()[-1])
-    for x, p, u in zip(xs, packed, unpacked):
+    for x, p, u, r, o in zip(xs, packed, unpacked, rows, one_row):
         assert np.array_equal(p.view(np.uint32), u.view(np.uint32)), f"{x.shape[0]} rows"
+        assert np.array_equal(r.view(np.uint32), o.view(np.uint32)), f"{x.shape[0]} rows, row-exact"
     del w
     gc.collect()
     assert lib.lle_packed_count() == before
