@@ -12,6 +12,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -198,6 +199,30 @@ def _bulk_strings(buf: memoryview, size: int, pos: int, count: int) -> tuple[lis
     return text.split("\x00")[1:], int(end)
 
 
+# The read-only file mappings GGUFFile made: the only memory release_resident_pages touches.
+_FILE_MAPPINGS: weakref.WeakSet[mmap.mmap] = weakref.WeakSet()
+
+
+def release_resident_pages(arr: np.ndarray) -> bool:
+    """Drop the whole pages under ``arr`` from this process's resident set, when ``arr`` is a view into a
+    GGUF file's read-only mapping (a backend that made its own copy of a tensor, e.g. the native backend's
+    packed weights, no longer reads the file's bytes). The bytes stay valid: an access faults them back in
+    from the page cache. Returns False, touching nothing, for any other memory (anonymous memory would be
+    zeroed) or where the OS has no MADV_DONTNEED."""
+    base: Any = arr
+    while base is not None and not isinstance(base, mmap.mmap):
+        base = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
+    if base is None or base not in _FILE_MAPPINGS or not hasattr(mmap, "MADV_DONTNEED") or base.closed:
+        return False
+    start = arr.ctypes.data - np.frombuffer(base, dtype=np.uint8).ctypes.data
+    page = mmap.PAGESIZE
+    first = -(-start // page) * page
+    last = (start + arr.nbytes) // page * page
+    if last > first:
+        base.madvise(mmap.MADV_DONTNEED, first, last - first)
+    return True
+
+
 class GGUFFile:
     """A memory-mapped, validated GGUF file.
 
@@ -213,6 +238,7 @@ class GGUFFile:
                 if size == 0:
                     raise GGUFError(f"{self.path}: empty file, not a GGUF model")
                 self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                _FILE_MAPPINGS.add(self._mmap)
         except OSError as e:
             raise GGUFError(f"{self.path}: cannot open: {e.strerror or e}") from None
         self.file_size = size

@@ -191,3 +191,37 @@ def test_bulk_string_arrays_equal_per_string_reads(tmp_path: Path, odd: str,
     assert bulk == plain and len(bulk) == len(words)
     if odd == "plain":
         assert bulk == words
+
+
+def _rss_file_kb() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("RssFile:"))
+
+
+def test_release_resident_pages_drops_a_tensors_file_pages_and_keeps_its_bytes(tmp_path: Path) -> None:
+    """A backend that copied a tensor (the native backend's packed weights) drops the file's pages under
+    it from the resident set; the bytes read back the same (faulted in again from the page cache).
+    Memory that is not a GGUF file mapping (anonymous, where MADV_DONTNEED would zero it) is left alone."""
+    from llmedge.gguf import release_resident_pages
+
+    path = tmp_path / "big.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tensor("big.weight", np.arange(4 << 20, dtype=np.float32))  # 16 MB
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    copy = np.arange(4 << 20, dtype=np.float32)
+    with GGUFFile(path) as g:
+        data = g.tensor("big.weight").data
+        assert int(data.view(np.uint8).sum(dtype=np.uint64)) > 0  # every page resident
+        if sys.platform.startswith("linux"):
+            before = _rss_file_kb()
+            assert release_resident_pages(data)
+            assert before - _rss_file_kb() > 12 << 10, "the tensor's pages stayed resident"
+        else:
+            release_resident_pages(data)
+        assert np.array_equal(data.view(np.float32), copy)
+        del data
+    assert not release_resident_pages(copy)
+    assert np.array_equal(copy, np.arange(4 << 20, dtype=np.float32))

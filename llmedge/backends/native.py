@@ -7,7 +7,7 @@ and attention reproduce llama.cpp's CPU results bit for bit: same activation rou
 summation order in each of llama.cpp's code paths (ggml's vec_dot, llamafile's tinyBLAS, the tiled
 K-quant GEMM for 8+ rows, the repacked Q4_K GEMV/GEMM) and the same fused multiply-adds; see
 tests/test_native_kernels.py. Not yet reproduced: llama.cpp's repacked Q4_0 and IQ4_NL kernels.
-Where the selected tier has packed kernels for a type (AVX-512: Q4_K and Q6_K, 16 rows interleaved), each
+Where the selected tier has packed kernels for a type (AVX-512: Q4_K, Q6_K and Q4_1, 16 rows interleaved), each
 weight gets a packed copy in C at load (``NativeWeight._pack``), with the same results.
 
 The C library holds one process-wide thread pool and one kernel table chosen from CPUID
@@ -38,7 +38,7 @@ from llmedge.backends.base import as_f32c as _f32c
 from llmedge.backends.base import out_array as _out
 from llmedge.backends.cpu import physical_cores
 from llmedge.errors import LlmedgeError
-from llmedge.gguf import TensorInfo
+from llmedge.gguf import TensorInfo, release_resident_pages
 from llmedge.models.base import cache_rope
 
 try:
@@ -119,12 +119,15 @@ class NativeWeight:
 
     def _pack(self) -> None:
         """A packed copy in C for the selected kernel tier where it has packed kernels (AVX-512:
-        Q4_K, Q6_K), found by address at every product and freed with this object; results unchanged."""
+        Q4_K, Q6_K, Q4_1), found by address at every product and freed with this object; results
+        unchanged. The file's pages under a packed weight leave the resident set (the products read the
+        copy), so a packed model costs no more memory than an unpacked one."""
         rc = lib.lle_pack_weight(self.ggml_type, self.ptr, self.row_bytes, self.m, self.k)
         if rc < 0:
             raise LlmedgeError(f"native: packing {self.name} failed (code {rc})")
         if rc == 1:
             self.packed = True
+            release_resident_pages(self.data)
             # the finalizer keeps the mapped bytes alive until the copy is gone
             weakref.finalize(self, lib.lle_unpack_weight, self.ptr)
 
