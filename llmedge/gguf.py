@@ -199,8 +199,9 @@ def _bulk_strings(buf: memoryview, size: int, pos: int, count: int) -> tuple[lis
     return text.split("\x00")[1:], int(end)
 
 
-# The read-only file mappings GGUFFile made: the only memory release_resident_pages touches.
-_FILE_MAPPINGS: weakref.WeakSet[mmap.mmap] = weakref.WeakSet()
+# The read-only file mappings GGUFFile made (the only memory release_resident_pages touches), each with the
+# page ranges released from it ({first byte: end}).
+_FILE_MAPPINGS: weakref.WeakKeyDictionary[mmap.mmap, dict[int, int]] = weakref.WeakKeyDictionary()
 
 
 def release_resident_pages(arr: np.ndarray) -> bool:
@@ -212,7 +213,8 @@ def release_resident_pages(arr: np.ndarray) -> bool:
     base: Any = arr
     while base is not None and not isinstance(base, mmap.mmap):
         base = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
-    if base is None or base not in _FILE_MAPPINGS or not hasattr(mmap, "MADV_DONTNEED") or base.closed:
+    released = _FILE_MAPPINGS.get(base) if base is not None else None
+    if released is None or not hasattr(mmap, "MADV_DONTNEED") or base.closed:
         return False
     start = arr.ctypes.data - np.frombuffer(base, dtype=np.uint8).ctypes.data
     page = mmap.PAGESIZE
@@ -220,6 +222,7 @@ def release_resident_pages(arr: np.ndarray) -> bool:
     last = (start + arr.nbytes) // page * page
     if last > first:
         base.madvise(mmap.MADV_DONTNEED, first, last - first)
+        released[first] = last
     return True
 
 
@@ -238,7 +241,7 @@ class GGUFFile:
                 if size == 0:
                     raise GGUFError(f"{self.path}: empty file, not a GGUF model")
                 self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-                _FILE_MAPPINGS.add(self._mmap)
+                _FILE_MAPPINGS[self._mmap] = {}
         except OSError as e:
             raise GGUFError(f"{self.path}: cannot open: {e.strerror or e}") from None
         self.file_size = size
@@ -438,6 +441,12 @@ class GGUFFile:
             return self.tensors[name]
         except KeyError:
             raise GGUFError(f"{self.path}: tensor {_q(name)} is missing") from None
+
+    @property
+    def released_bytes(self) -> int:
+        """Bytes of the file that :func:`release_resident_pages` took out of the resident set (a backend
+        holds its own copy of those tensors), so the process holds file size minus this of the mapping."""
+        return sum(end - first for first, end in _FILE_MAPPINGS.get(self._mmap, {}).items())
 
     def close(self) -> None:
         """Release the mapping (only possible once no tensor view is alive)."""

@@ -14,6 +14,9 @@
 #include "common.h"
 
 #include <stdlib.h>
+#if defined(__unix__) || defined(__APPLE__)
+#include <sys/mman.h>
+#endif
 
 /* ---------------------------------------------------------------- layouts */
 
@@ -104,7 +107,7 @@ void lle_pack_rows(int type, const void *w, size_t ws, int64_t m, int64_t k, voi
 
 typedef struct {
     const void *w; int type; int64_t m, k; size_t ws;
-    void *packed; int refs;
+    void *packed; size_t bytes; int refs;
     uint8_t head[FINGERPRINT];
 } pack_entry;
 
@@ -126,6 +129,27 @@ const void *lle_packed_find(int type, const void *w, size_t ws, int64_t m, int64
     return e->packed;
 }
 
+/* Copies come straight from the OS (mmap) and go straight back (munmap): malloc would keep a freed
+ * model's copies in its heap (glibc's mmap threshold grows after large frees), so unloading a model
+ * would not return its memory. */
+static void *alloc_copy(size_t bytes) {
+#if defined(__unix__) || defined(__APPLE__)
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+#else
+    return aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+#endif
+}
+
+static void free_copy(void *p, size_t bytes) {
+#if defined(__unix__) || defined(__APPLE__)
+    munmap(p, bytes);
+#else
+    (void)bytes;
+    free(p);
+#endif
+}
+
 /* 1: packed (or already), -2: out of memory */
 int lle_packed_add(int type, const void *w, size_t ws, int64_t m, int64_t k) {
     pack_entry *e = find_entry(type, w, ws, m, k);
@@ -134,17 +158,17 @@ int lle_packed_add(int type, const void *w, size_t ws, int64_t m, int64_t k) {
         return 1;
     }
     const size_t bytes = (size_t)(m / LLE_PACK_ROWS) * (size_t)lle_packed_group_bytes(type, k);
-    void *p = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    void *p = alloc_copy(bytes);
     if (!p) return -2;
     lle_pack_rows(type, w, ws, m, k, p);
     if (e) {  /* stale: the weight it was made from is gone */
-        free(e->packed);
+        free_copy(e->packed, e->bytes);
     } else {
         if (g_n_packs == g_cap_packs) {
             const int cap = g_cap_packs ? 2 * g_cap_packs : 64;
             pack_entry *n = realloc(g_packs, (size_t)cap * sizeof(pack_entry));
             if (!n) {
-                free(p);
+                free_copy(p, bytes);
                 return -2;
             }
             g_packs = n;
@@ -154,6 +178,7 @@ int lle_packed_add(int type, const void *w, size_t ws, int64_t m, int64_t k) {
     }
     e->w = w; e->type = type; e->m = m; e->k = k; e->ws = ws;
     e->packed = p;
+    e->bytes = bytes;
     e->refs = 1;
     memcpy(e->head, w, FINGERPRINT);
     return 1;
@@ -164,7 +189,7 @@ void lle_packed_remove(const void *w) {
         pack_entry *e = &g_packs[i];
         if (e->w != w) continue;
         if (--e->refs > 0) return;
-        free(e->packed);
+        free_copy(e->packed, e->bytes);
         *e = g_packs[--g_n_packs];
         return;
     }

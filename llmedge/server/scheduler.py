@@ -67,13 +67,15 @@ class Loaded:
 
     @property
     def size(self) -> int:
-        """Bytes the process holds for the model: the mapped weights, plus what loading it and its first
-        forward added (tokenizer, prepared weights, every slot's KV cache, committed at load, buffers)
-        where the OS says (Linux), else the slots' caches; plus the cached prefixes and scratch."""
+        """Bytes the process holds for the model: the mapped weights (less the file pages of weights the
+        backend copied, packed, and released), plus what loading it and its first forward added (tokenizer,
+        prepared weights, every slot's KV cache, committed at load, buffers) where the OS says (Linux), else
+        the slots' caches; plus the cached prefixes and scratch."""
         engine = self.model.engine
         pool = engine.slot_pool(self.parallel)
         scratch = sum(c.scratch_bytes for c in pool.caches if c is not None)
-        return self.path.stat().st_size + max(self.held, pool.nbytes) + engine.prefix_cache.nbytes + scratch
+        mapped = self.path.stat().st_size - self.model.gguf.released_bytes
+        return mapped + max(self.held, pool.nbytes) + engine.prefix_cache.nbytes + scratch
 
 
 @dataclass
