@@ -508,6 +508,8 @@ int lle_matmul_impl(int type, const void *w, long long w_stride, long long m, lo
         c.tile_rows = 4;
     } else if (packed_plain(kw) && m % LLE_PACK_ROWS == 0 && (c.pw = lle_packed_find(type, w, c.ws, m, k))) {
         c.gbytes = lle_packed_group_bytes(type, k);
+        c.tile = NULL;  /* the packed kernel takes every row: no float scales to prepare */
+        c.gemv = NULL;
     }
     /* float activation scales for the decode kernel (one row) or the tiles (per 4-row group) */
     const int uses_tiles = n > 1 && c.tile;
@@ -654,21 +656,21 @@ int lle_matmul_rows_impl(int type, const void *w, long long w_stride, long long 
         c.vd = kw->vec_dot_r8;
         c.gemv = NULL;
     }
-    const lle_act_scales_fn asf = c.gemv ? g_active[vt].act_scales : NULL;
-    if (!asf) c.gemv = NULL;
-    if (!g_rows_disabled && (c.gemv || (float_act(vt) && c.vd == kw->vec_dot))) c.gemv_rows = kw->gemv_rows;
     c.w = w;
     c.ws = w_stride > 0 ? (size_t)w_stride : (size_t)lle_row_size(type, k);
+    if (packed_plain(kw) && m % LLE_PACK_ROWS == 0 && (c.pw = lle_packed_find(type, w, c.ws, m, k))) {
+        c.packed = kw->packed;  /* every row through the packed kernel: no float scales to prepare */
+        c.gbytes = lle_packed_group_bytes(type, k);
+        c.gemv = NULL;
+    }
+    const lle_act_scales_fn asf = c.gemv ? g_active[vt].act_scales : NULL;
+    if (!asf) c.gemv = NULL;
+    if (!c.pw && !g_rows_disabled && (c.gemv || (float_act(vt) && c.vd == kw->vec_dot))) c.gemv_rows = kw->gemv_rows;
     c.m = m;
     c.k = (int)k;
     c.n = n;
     c.out = out;
     c.ldo = ldo > 0 ? ldo : m;
-    if (packed_plain(kw) && c.vd == kw->vec_dot && m % LLE_PACK_ROWS == 0 && (c.pw = lle_packed_find(type, w, c.ws, m, k))) {
-        c.packed = kw->packed;
-        c.gbytes = lle_packed_group_bytes(type, k);
-        c.gemv_rows = NULL;
-    }
     const int64_t nb = k / lle_type_traits[vt].block_size;
     if (vt == T_F32) {
         c.a = (const uint8_t *)x;
@@ -778,10 +780,11 @@ int lle_matvec_group_impl(const lle_weight *const *ws, int count, const float *x
         }
         p->w = w->data;
         p->ws = w->row_bytes > 0 ? (size_t)w->row_bytes : (size_t)lle_row_size(type, w->k);
-        if ((p->vd == kw->vec_dot_r8 || packed_plain(kw)) && kw->packed && w->m % LLE_PACK_ROWS == 0 &&
+        if (kw->packed && (p->vd == kw->vec_dot_r8 || packed_plain(kw)) && w->m % LLE_PACK_ROWS == 0 &&
             (p->pw = lle_packed_find(type, w->data, p->ws, w->m, w->k))) {
             p->packed = kw->packed;
             p->gbytes = lle_packed_group_bytes(type, w->k);
+            p->gemv = NULL;  /* no float scales to prepare */
         }
         p->m = w->m;
         p->k = (int)w->k;

@@ -273,6 +273,45 @@ LLE_INLINE int visible8(const int *kpos, __m256i vqp, int window, __m256i vwin) 
     return ~_mm256_movemask_ps(_mm256_castsi256_ps(bad)) & 0xff;
 }
 
+/* 8 raw scores of cells whose visibility bits are vis (not 0): soft-capped, scaled, masked to -inf */
+LLE_INLINE __m256 finish_scores8(__m256 s, int vis, const lle_attn_args *a, float inv_cap, __m256 vscale, __m256 ninf) {
+    if (a->softcap > 0) {
+        float tmp[8];
+        _mm256_storeu_ps(tmp, s);
+        for (int m = 0; m < 8; m++) tmp[m] = tanhf(tmp[m] * inv_cap) * a->softcap;
+        s = _mm256_loadu_ps(tmp);
+    }
+    s = _mm256_mul_ps(s, vscale);
+    if (vis != 0xff) {
+        const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+        const __m256i on = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(vis), bit), bit);
+        s = _mm256_blendv_ps(ninf, s, _mm256_castsi256_ps(on));
+    }
+    return s;
+}
+
+/* the largest of the 8 lanes, compared in lane order (a NaN lane never wins, as in the scalar loop) */
+LLE_INLINE float max8(__m256 v) {
+    float tmp[8];
+    _mm256_storeu_ps(tmp, v);
+    float max = tmp[0];
+    for (int m = 1; m < 8; m++)
+        if (tmp[m] > max) max = tmp[m];
+    return max;
+}
+
+/* one cell's score over an f16 K row in ggml's order (4 accumulators of 8, d % 32 == 0) */
+LLE_INLINE float kq_ggml_f16(const lle_half *kh, const float *qv, int64_t d) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
+    for (int64_t l = 0; l < d; l += 32) {
+        s0 = _mm256_fmadd_ps(LDH(kh + l), _mm256_loadu_ps(qv + l), s0);
+        s1 = _mm256_fmadd_ps(LDH(kh + l + 8), _mm256_loadu_ps(qv + l + 8), s1);
+        s2 = _mm256_fmadd_ps(LDH(kh + l + 16), _mm256_loadu_ps(qv + l + 16), s2);
+        s3 = _mm256_fmadd_ps(LDH(kh + l + 24), _mm256_loadu_ps(qv + l + 24), s3);
+    }
+    return reduce_ggml4(s0, s1, s2, s3);
+}
+
 /* scores of all t cells into w (-inf when masked); returns the max, sets [jlo, jhi] */
 LLE_INLINE float scores_blocked(const lle_attn_args *a, int64_t g, int qp, const float *qv, int tb, int f16,
                                 float *w, int64_t *jlo_out, int64_t *jhi_out) {
@@ -293,27 +332,12 @@ LLE_INLINE float scores_blocked(const lle_attn_args *a, int64_t g, int qp, const
         }
         if (jlo == t) jlo = j + __builtin_ctz((unsigned)vis);
         jhi = j + 31 - __builtin_clz((unsigned)vis);
-        __m256 s = tb ? kq8_tb(kb + j * kst, kst, qv, d, f16) : kq8_ggml(kb + j * kst, kst, qv, d, f16);
-        if (a->softcap > 0) {
-            float tmp[8];
-            _mm256_storeu_ps(tmp, s);
-            for (int m = 0; m < 8; m++) tmp[m] = tanhf(tmp[m] * inv_cap) * a->softcap;
-            s = _mm256_loadu_ps(tmp);
-        }
-        s = _mm256_mul_ps(s, vscale);
-        if (vis != 0xff) {
-            const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-            const __m256i on = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(vis), bit), bit);
-            s = _mm256_blendv_ps(ninf, s, _mm256_castsi256_ps(on));
-        }
+        const __m256 s = finish_scores8(tb ? kq8_tb(kb + j * kst, kst, qv, d, f16) : kq8_ggml(kb + j * kst, kst, qv, d, f16),
+                                        vis, a, inv_cap, vscale, ninf);
         _mm256_storeu_ps(w + j, s);
         vmax = _mm256_max_ps(s, vmax); /* NaN scores never become the max, as in the scalar loop */
     }
-    float tmp[8], max;
-    _mm256_storeu_ps(tmp, vmax);
-    max = tmp[0];
-    for (int m = 1; m < 8; m++)
-        if (tmp[m] > max) max = tmp[m];
+    float max = max8(vmax);
     for (; j < t; j++) {
         const int kp = a->k_pos[j];
         if (kp < 0 || kp > qp || (a->window > 0 && qp - kp >= a->window)) {
@@ -331,14 +355,7 @@ LLE_INLINE float scores_blocked(const lle_attn_args *a, int64_t g, int qp, const
                 for (int64_t l = 0; l < d; l += 8) c = _mm256_fmadd_ps(LDH(kh + l), _mm256_loadu_ps(qv + l), c);
                 s = hsum8(c);
             } else {
-                __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
-                for (int64_t l = 0; l < d; l += 32) {
-                    s0 = _mm256_fmadd_ps(LDH(kh + l), _mm256_loadu_ps(qv + l), s0);
-                    s1 = _mm256_fmadd_ps(LDH(kh + l + 8), _mm256_loadu_ps(qv + l + 8), s1);
-                    s2 = _mm256_fmadd_ps(LDH(kh + l + 16), _mm256_loadu_ps(qv + l + 16), s2);
-                    s3 = _mm256_fmadd_ps(LDH(kh + l + 24), _mm256_loadu_ps(qv + l + 24), s3);
-                }
-                s = reduce_ggml4(s0, s1, s2, s3);
+                s = kq_ggml_f16(kh, qv, d);
             }
         } else {
             s = tb ? dot_f32_tb((int)d, (const float *)kr, qv) : dot_f32_ggml((int)d, (const float *)kr, qv);
@@ -616,30 +633,12 @@ LLE_INLINE void scores_group(const lle_attn_args *a, int64_t g, int qp, const fl
         jhi = j + 31 - __builtin_clz((unsigned)vis);
         kq8_ggml_group(kb + j * kst, kst, qv, nh, d, s);
         for (int h = 0; h < nh; h++) {
-            __m256 sh = s[h];
-            if (a->softcap > 0) {
-                float tmp[8];
-                _mm256_storeu_ps(tmp, sh);
-                for (int m = 0; m < 8; m++) tmp[m] = tanhf(tmp[m] * inv_cap) * a->softcap;
-                sh = _mm256_loadu_ps(tmp);
-            }
-            sh = _mm256_mul_ps(sh, vscale);
-            if (vis != 0xff) {
-                const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-                const __m256i on = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(vis), bit), bit);
-                sh = _mm256_blendv_ps(ninf, sh, _mm256_castsi256_ps(on));
-            }
+            const __m256 sh = finish_scores8(s[h], vis, a, inv_cap, vscale, ninf);
             _mm256_storeu_ps(w[h] + j, sh);
             vmax[h] = _mm256_max_ps(sh, vmax[h]);
         }
     }
-    for (int h = 0; h < nh; h++) {
-        float tmp[8];
-        _mm256_storeu_ps(tmp, vmax[h]);
-        max[h] = tmp[0];
-        for (int m = 1; m < 8; m++)
-            if (tmp[m] > max[h]) max[h] = tmp[m];
-    }
+    for (int h = 0; h < nh; h++) max[h] = max8(vmax[h]);
     for (; j < t; j++) {  /* the last t % 8 cells one by one, as scores_blocked */
         const int kp = a->k_pos[j];
         if (kp < 0 || kp > qp || (a->window > 0 && qp - kp >= a->window)) {
@@ -650,14 +649,7 @@ LLE_INLINE void scores_group(const lle_attn_args *a, int64_t g, int qp, const fl
         jhi = j;
         const lle_half *kh = (const lle_half *)(kb + j * kst);
         for (int h = 0; h < nh; h++) {
-            __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
-            for (int64_t l = 0; l < d; l += 32) {
-                s0 = _mm256_fmadd_ps(LDH(kh + l), _mm256_loadu_ps(qv[h] + l), s0);
-                s1 = _mm256_fmadd_ps(LDH(kh + l + 8), _mm256_loadu_ps(qv[h] + l + 8), s1);
-                s2 = _mm256_fmadd_ps(LDH(kh + l + 16), _mm256_loadu_ps(qv[h] + l + 16), s2);
-                s3 = _mm256_fmadd_ps(LDH(kh + l + 24), _mm256_loadu_ps(qv[h] + l + 24), s3);
-            }
-            float sc = reduce_ggml4(s0, s1, s2, s3);
+            float sc = kq_ggml_f16(kh, qv[h], d);
             if (a->softcap > 0) sc = tanhf(sc * inv_cap) * a->softcap;
             w[h][j] = sc * a->scale;
             if (w[h][j] > max[h]) max[h] = w[h][j];
