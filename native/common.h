@@ -268,6 +268,9 @@ void lle_test_add_cpu_features(int features);  /* self-test only */
 #define LLE_PK_Q41_M 32
 #define LLE_PK_Q41_QS 64
 #define LLE_PK_Q41_BLOCK (64 + 4 * 64)
+/* Q4_1 rows of more blocks than this (k > 32768) are not packed (a kernel keeps per-row block scales
+ * on its stack) */
+#define LLE_PK_Q41_MAX_BLOCKS 1024
 /* the packed copy of weight w (m rows of k values, row stride ws) if one was made, else NULL */
 const void *lle_packed_find(int type, const void *w, size_t ws, int64_t m, int64_t k);
 /* bytes of one packed group of LLE_PACK_ROWS rows */

@@ -88,7 +88,7 @@ static void pack_q4_1(const void *w, size_t ws, int64_t m, int64_t k, void *dst)
 
 int64_t lle_packed_group_bytes(int type, int64_t k) {
     if (k <= 0) return -1;
-    if (type == T_Q4_1) return k % QK ? -1 : k / QK * LLE_PK_Q41_BLOCK;
+    if (type == T_Q4_1) return k % QK || k / QK > LLE_PK_Q41_MAX_BLOCKS ? -1 : k / QK * LLE_PK_Q41_BLOCK;
     if (k % QK_K) return -1;
     if (type == T_Q4_K) return k / QK_K * LLE_PK_Q4K_BLOCK;
     if (type == T_Q6_K) return k / QK_K * LLE_PK_Q6K_BLOCK;

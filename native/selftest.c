@@ -217,14 +217,17 @@ static void test_rows(int isa) {
  * the reference ISA bit for bit, on the decode and prefill paths (both orders of the repacked Q4_K,
  * 4-row groups and the n % 4 rows after them); a weight whose bytes changed after packing must not
  * use the stale copy */
+/* A packed copy's products against the unpacked kernels of `ref_isa`, bit for bit: every product of
+ * `isa` (one row and prefill, the row-exact batch, the grouped decode products). The references are
+ * computed before the copy exists (ref_isa may be isa itself, whose products would otherwise find it). */
 static void test_packed(int isa, int ref_isa) {
-    static const int ms[] = {16, 48}, ks[] = {512, 2304}, ns[] = {1, 3, 4, 5, 8, 13};
+    enum { NN = 6, MMAX = 48, KMAX = 2304, NMAX = 13 };
+    static const int ms[] = {16, MMAX}, ks[] = {512, KMAX}, ns[NN] = {1, 3, 4, 5, 8, NMAX};
     static const int pts[] = {T_Q4_K, T_Q6_K, T_Q4_1};
-    const int kmax = 2304, mmax = 48, nmax = 13;
-    float *x = malloc(sizeof(float) * nmax * kmax), *oa = malloc(sizeof(float) * nmax * mmax);
-    float *ob = malloc(sizeof(float) * nmax * mmax);
+    static float ref[NN][2][2][NMAX * MMAX];  /* [n][stale][whole product, one row at a time] */
+    float *x = malloc(sizeof(float) * NMAX * KMAX), *ob = malloc(sizeof(float) * NMAX * MMAX);
     uint8_t *w = malloc(1 << 20);
-    for (int i = 0; i < nmax * kmax; i++) x[i] = rndf() * 3.0f;
+    for (int i = 0; i < NMAX * KMAX; i++) x[i] = rndf() * 3.0f;
     int packed = 0;
     for (int ti = 0; ti < 3; ti++)
     for (int mi = 0; mi < 2; mi++)
@@ -232,26 +235,34 @@ static void test_packed(int isa, int ref_isa) {
             const int m = ms[mi], k = ks[ki], t = pts[ti];
             const long long rs = lle_row_size(t, k);
             random_weights(t, m, k, w);
+            lle_set_isa(ref_isa);
+            for (int ni = 0; ni < NN; ni++)
+                for (int stale = 0; stale < 2; stale++) {
+                    const int n = ns[ni];
+                    if (stale) w[0] ^= 0x5a;  /* the copy will no longer match the weight */
+                    lle_matmul(t, w, rs, m, k, x, n, ref[ni][stale][0], m);
+                    for (int i = 0; i < n; i++) lle_matmul(t, w, rs, m, k, x + (size_t)i * k, 1, ref[ni][stale][1] + (size_t)i * m, m);
+                    if (stale) w[0] ^= 0x5a;
+                }
             lle_set_isa(isa);
             const int r = lle_pack_weight(t, w, rs, m, k);
             CHECK(r == 0 || r == 1, "lle_pack_weight returned %d", r);
             packed += r == 1;
-            for (int ni = 0; ni < 6; ni++) {
+            for (int ni = 0; ni < NN; ni++) {
                 const int n = ns[ni];
                 for (int stale = 0; stale < 2; stale++) {
-                    if (stale) w[0] ^= 0x5a;  /* the copy no longer matches the weight */
-                    lle_set_isa(ref_isa);
-                    lle_matmul(t, w, rs, m, k, x, n, oa, m);
-                    lle_set_isa(isa);
+                    if (stale) w[0] ^= 0x5a;
+                    const float *oa = ref[ni][stale][0];
                     lle_matmul(t, w, rs, m, k, x, n, ob, m);
                     for (int i = 0; i < n * m; i++)
                         CHECK(memcmp(oa + i, ob + i, sizeof(float)) == 0, "packed %s m=%d k=%d n=%d%s [%d]: %.9g vs %.9g",
                               lle_type_traits[t].name, m, k, n, stale ? " (changed bytes)" : "", i, ob[i], oa[i]);
                     /* the row-exact batch (batched decode): each row as the one-row product */
-                    lle_set_isa(ref_isa);
-                    for (int i = 0; i < n; i++) lle_matmul(t, w, rs, m, k, x + (size_t)i * k, 1, oa + (size_t)i * m, m);
-                    lle_set_isa(isa);
+                    oa = ref[ni][stale][1];
                     lle_matmul_rows(t, w, rs, m, k, x, n, ob, m);
+                    for (int i = 0; i < n * m; i++)
+                        CHECK(memcmp(oa + i, ob + i, sizeof(float)) == 0, "packed rows %s m=%d k=%d n=%d%s [%d]: %.9g vs %.9g",
+                              lle_type_traits[t].name, m, k, n, stale ? " (changed bytes)" : "", i, ob[i], oa[i]);
                     if (n == 1) {  /* the grouped decode products (Q/K/V, gate/up) of the decoder layers */
                         const lle_weight lw = {t, w, rs, m, k};
                         const lle_weight *ws2[2] = {&lw, &lw};
@@ -264,16 +275,13 @@ static void test_packed(int isa, int ref_isa) {
                                   lle_type_traits[t].name, m, k, stale ? " (changed bytes)" : "", i, ob[i], oa[i % m]);
                     }
                     if (stale) w[0] ^= 0x5a;
-                    for (int i = 0; i < n * m; i++)
-                        CHECK(memcmp(oa + i, ob + i, sizeof(float)) == 0, "packed rows %s m=%d k=%d n=%d%s [%d]: %.9g vs %.9g",
-                              lle_type_traits[t].name, m, k, n, stale ? " (changed bytes)" : "", i, ob[i], oa[i]);
                 }
             }
             if (r == 1) lle_unpack_weight(w);
         }
     CHECK(lle_packed_count() == 0, "%d packed copies left", lle_packed_count());
-    printf("  packed Q4_K, Q6_K, Q4_1: %d of 12 shapes packed\n", packed);
-    free(x); free(oa); free(ob); free(w);
+    printf("  packed Q4_K, Q6_K, Q4_1 (%s): %d of 12 shapes packed\n", isa == ISA_AVX512 ? "avx512" : "avx2", packed);
+    free(x); free(ob); free(w);
 }
 
 static void compare(const char *what, const float *a, const float *b, int n, float tol) {
@@ -429,6 +437,10 @@ int main(void) {
         test_bitexact(ISA_AVX512, ISA_AVX2);
         test_packed(ISA_AVX512, ISA_AVX2);
         test_attention_bitexact(ISA_AVX512, ISA_AVX2);
+    }
+    if (lle_isa_available(ISA_AVX2)) {
+        printf("testing avx2's packed weights against its unpacked kernels, bit for bit\n");
+        test_packed(ISA_AVX2, ISA_AVX2);
     }
     for (int isa = 1; isa < ISA_COUNT; isa++) {
         if (!lle_isa_available(isa)) continue;

@@ -326,14 +326,34 @@ def test_batched_rows_equal_single_rows_bitwise(be: NativeBackend, isa: str, t: 
         NativeBackend(2)
 
 
+def packed_here(t: T) -> bool:
+    """Whether the best tier here makes a packed copy of type ``t`` (AVX-512: Q4_K, Q6_K, Q4_1; AVX2: Q4_1)."""
+    isas = available_isas()
+    return "avx512" in isas if t != T.Q4_1 else "avx2" in isas
+
+
+def unpacked_matmul(t: T, raw: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """The product of the weight bytes ``raw`` with ``x`` by the unpacked kernels: a fresh copy of the
+    bytes, so no packed copy is found for its address."""
+    from llmedge._native import ffi, lib
+
+    raw = raw.copy()
+    m, k = raw.shape[0], x.shape[1]
+    out = np.empty((x.shape[0], m), dtype=np.float32)
+    assert lib.lle_matmul(int(t), ffi.from_buffer("char[]", raw), raw.shape[1], m, k,
+                          ffi.from_buffer("float[]", x), x.shape[0], ffi.from_buffer("float[]", out), m) == 0
+    return out
+
+
 @pytest.mark.parametrize("t", [T.Q4_K, T.Q6_K, T.Q4_1], ids=lambda t: t.name)
 def test_packed_weights_give_the_unpacked_products_bitwise(be: NativeBackend, t: T) -> None:
     """On the AVX-512 tier a Q4_K, Q6_K or Q4_1 weight with a multiple of 16 rows gets a packed copy
-    at prepare (16 rows interleaved, native/packed.c); its products equal the unpacked ones of the
-    AVX2 tier bit for bit (Q4_K: decode and both repacked prefill orders, 4-row groups then the n % 4
-    rows; Q6_K: the tiled order of 8+ rows; Q4_1: its one order everywhere), and so do the row-exact
-    batches (each row as the one-row product; the C self-test also checks the grouped decode
-    products); the copy is freed with the weight. Elsewhere nothing is packed."""
+    at prepare (16 rows interleaved, native/packed.c), on the AVX2 tier a Q4_1 weight; its products
+    equal the unpacked ones of the AVX2 tier bit for bit (Q4_K: decode and both repacked prefill
+    orders, 4-row groups then the n % 4 rows; Q6_K: the tiled order of 8+ rows; Q4_1: its one order
+    everywhere), and so do the row-exact batches (each row as the one-row product; the C self-test
+    also checks the grouped decode products); the copy is freed with the weight. Elsewhere nothing is
+    packed."""
     import gc
 
     from llmedge._native import lib
@@ -344,7 +364,7 @@ def test_packed_weights_give_the_unpacked_products_bitwise(be: NativeBackend, t:
     xs = [rng.standard_normal((n, k)).astype(np.float32) for n in (1, 3, 4, 7, 8, 69)]
     before = lib.lle_packed_count()
     w = be.prepare(make_tensor(raw, t, m, k))
-    assert w.packed == ("avx512" in available_isas())
+    assert w.packed == packed_here(t)
     if not w.packed:
         return
     assert lib.lle_packed_count() == before + 1
@@ -352,8 +372,8 @@ def test_packed_weights_give_the_unpacked_products_bitwise(be: NativeBackend, t:
         packed = [be.matmul(x, w) for x in xs]
         rows = [be.matmul_rows(x, w) for x in xs]
         be.set_isa("avx2")
-        unpacked = [be.matmul(x, w) for x in xs]
-        one_row = [np.stack([be.matmul(r[None], w)[0] for r in x]) for x in xs]
+        unpacked = [unpacked_matmul(t, raw, x) for x in xs]
+        one_row = [np.stack([unpacked_matmul(t, raw, r[None])[0] for r in x]) for x in xs]
     finally:
         be.set_isa(available_isas()[-1])
     for x, p, u, r, o in zip(xs, packed, unpacked, rows, one_row):
