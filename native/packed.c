@@ -132,9 +132,16 @@ const void *lle_packed_find(int type, const void *w, size_t ws, int64_t m, int64
 /* Copies come straight from the OS (mmap) and go straight back (munmap): malloc would keep a freed
  * model's copies in its heap (glibc's mmap threshold grows after large frees), so unloading a model
  * would not return its memory. */
+/* the copy's pages faulted in by one call, not one fault per page as the packer writes them */
+#if defined(MAP_POPULATE)
+#define LLE_MAP_POPULATE MAP_POPULATE
+#else
+#define LLE_MAP_POPULATE 0
+#endif
+
 static void *alloc_copy(size_t bytes) {
 #if defined(__unix__) || defined(__APPLE__)
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | LLE_MAP_POPULATE, -1, 0);
     return p == MAP_FAILED ? NULL : p;
 #else
     return aligned_alloc(64, (bytes + 63) & ~(size_t)63);
