@@ -176,6 +176,7 @@ static void select_isa(int isa) {
                 k.tile_tiled = src->tile_tiled;
                 k.vec_dot_tiled = src->vec_dot_tiled;
                 k.packed = src->packed;
+                k.packed_layout = src->packed_layout;
                 g_kernel_isa[t] = chain[c];
             }
             /* the x86 tiers' gemv kernels (and float vec_dots) agree bit for bit, so the rows kernel
@@ -494,19 +495,19 @@ int lle_matmul_impl(int type, const void *w, long long w_stride, long long m, lo
             c.n_head_rows = n - n % 4;
             c.from_float_head = g_active[vt].from_float_r8;
         }
-        if (kw->packed && m % LLE_PACK_ROWS == 0 && (c.pw = lle_packed_find(type, w, c.ws, m, k)))
+        if (kw->packed && m % LLE_PACK_ROWS == 0 && (c.pw = lle_packed_find(type, kw->packed_layout, w, c.ws, m, k)))
             c.gbytes = lle_packed_group_bytes(type, k);
     } else if (kw->vec_dot_tiled && n >= 8) {
         c.vd = kw->vec_dot_tiled;
         c.tile = kw->tile_tiled;
         c.tile_rows = 4;
-        if (kw->packed && m % LLE_PACK_ROWS == 0 && (c.pw = lle_packed_find(type, w, c.ws, m, k)))
+        if (kw->packed && m % LLE_PACK_ROWS == 0 && (c.pw = lle_packed_find(type, kw->packed_layout, w, c.ws, m, k)))
             c.gbytes = lle_packed_group_bytes(type, k);
     } else if (n >= 2 && kw->vec_dot_batch && (!plain || (m % 4 == 0 && k % 8 == 0))) {
         c.vd = kw->vec_dot_batch;
         c.tile = kw->tile_batch;
         c.tile_rows = 4;
-    } else if (packed_plain(kw) && m % LLE_PACK_ROWS == 0 && (c.pw = lle_packed_find(type, w, c.ws, m, k))) {
+    } else if (packed_plain(kw) && m % LLE_PACK_ROWS == 0 && (c.pw = lle_packed_find(type, kw->packed_layout, w, c.ws, m, k))) {
         c.gbytes = lle_packed_group_bytes(type, k);
         c.tile = NULL;  /* the packed kernel takes every row: no float scales to prepare */
         c.gemv = NULL;
@@ -663,7 +664,7 @@ int lle_matmul_rows_impl(int type, const void *w, long long w_stride, long long 
     }
     c.w = w;
     c.ws = w_stride > 0 ? (size_t)w_stride : (size_t)lle_row_size(type, k);
-    if (packed_plain(kw) && m % LLE_PACK_ROWS == 0 && (c.pw = lle_packed_find(type, w, c.ws, m, k))) {
+    if (packed_plain(kw) && m % LLE_PACK_ROWS == 0 && (c.pw = lle_packed_find(type, kw->packed_layout, w, c.ws, m, k))) {
         c.packed = kw->packed;  /* every row through the packed kernel: no float scales to prepare */
         c.gbytes = lle_packed_group_bytes(type, k);
         c.gemv = NULL;
@@ -786,7 +787,7 @@ int lle_matvec_group_impl(const lle_weight *const *ws, int count, const float *x
         p->w = w->data;
         p->ws = w->row_bytes > 0 ? (size_t)w->row_bytes : (size_t)lle_row_size(type, w->k);
         if (kw->packed && (p->vd == kw->vec_dot_r8 || packed_plain(kw)) && w->m % LLE_PACK_ROWS == 0 &&
-            (p->pw = lle_packed_find(type, w->data, p->ws, w->m, w->k))) {
+            (p->pw = lle_packed_find(type, kw->packed_layout, w->data, p->ws, w->m, w->k))) {
             p->packed = kw->packed;
             p->gbytes = lle_packed_group_bytes(type, w->k);
             p->gemv = NULL;  /* no float scales to prepare */
@@ -837,7 +838,7 @@ int lle_pack_weight(int type, const void *w, long long w_stride, long long m, lo
     /* every type whose tier has packed kernels: they replace the repacked (Q4_K), tiled (Q6_K, 8+ rows)
      * or only (Q4_1) order of its products */
     if (kw->packed && m % LLE_PACK_ROWS == 0 && lle_packed_group_bytes(type, k) > 0)
-        r = lle_packed_add(type, w, ws, m, k);
+        r = lle_packed_add(type, kw->packed_layout, w, ws, m, k);
     lle_unlock();
     return r;
 }

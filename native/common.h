@@ -221,6 +221,7 @@ typedef struct {
     lle_tile_fn tile_tiled;         /* 4-row tile of the tiled order */
     /* optional: the products of a packed copy of the weight (native/packed.c), same orders */
     lle_packed_fn packed;
+    int packed_layout;  /* which layout `packed` reads (LLE_PK_INTERLEAVED, LLE_PK_SPLIT8) */
 } lle_kernels;
 
 typedef struct {
@@ -268,15 +269,22 @@ void lle_test_add_cpu_features(int features);  /* self-test only */
 #define LLE_PK_Q41_M 32
 #define LLE_PK_Q41_QS 64
 #define LLE_PK_Q41_BLOCK (64 + 4 * 64)
+/* A group's two 8-row halves: LLE_PK_INTERLEAVED as above (a 512-bit register takes a chunk of the 16
+ * rows); LLE_PK_SPLIT8 (AVX2) the first half's blocks, then the second's, each half-block d[8], m[8] |
+ * qs[4][32], so that reading one half streams only its own bytes (read interleaved, the first half's
+ * pass pulled every line from memory and the second computed while memory idled). Same bytes per group. */
+#define LLE_PK_INTERLEAVED 0
+#define LLE_PK_SPLIT8 1
+#define LLE_PK_Q41_HBLOCK (32 + 4 * 32)
 /* Q4_1 rows of more blocks than this (k > 32768) are not packed (a kernel keeps per-row block scales
  * on its stack) */
 #define LLE_PK_Q41_MAX_BLOCKS 1024
 /* the packed copy of weight w (m rows of k values, row stride ws) if one was made, else NULL */
-const void *lle_packed_find(int type, const void *w, size_t ws, int64_t m, int64_t k);
+const void *lle_packed_find(int type, int layout, const void *w, size_t ws, int64_t m, int64_t k);
 /* bytes of one packed group of LLE_PACK_ROWS rows */
 int64_t lle_packed_group_bytes(int type, int64_t k);
-void lle_pack_rows(int type, const void *w, size_t ws, int64_t m, int64_t k, void *dst);
-int lle_packed_add(int type, const void *w, size_t ws, int64_t m, int64_t k);
+void lle_pack_rows(int type, int layout, const void *w, size_t ws, int64_t m, int64_t k, void *dst);
+int lle_packed_add(int type, int layout, const void *w, size_t ws, int64_t m, int64_t k);
 void lle_packed_remove(const void *w);
 int lle_packed_entries(void);
 

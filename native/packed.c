@@ -73,9 +73,21 @@ static void pack_q6_K(const void *w, size_t ws, int64_t m, int64_t k, void *dst)
             }
 }
 
-static void pack_q4_1(const void *w, size_t ws, int64_t m, int64_t k, void *dst) {
+static void pack_q4_1(int layout, const void *w, size_t ws, int64_t m, int64_t k, void *dst) {
     const int64_t nb = k / QK;
     uint8_t *o = dst;
+    if (layout == LLE_PK_SPLIT8) {
+        for (int64_t g = 0; g < m / LLE_PACK_ROWS; g++)
+            for (int h = 0; h < 2; h++)
+                for (int64_t b = 0; b < nb; b++, o += LLE_PK_Q41_HBLOCK)
+                    for (int l = 0; l < 8; l++) {
+                        const block_q4_1 *x = (const block_q4_1 *)((const uint8_t *)w + (size_t)(g * LLE_PACK_ROWS + 8 * h + l) * ws) + b;
+                        memcpy(o + 2 * l, &x->d, 2);
+                        memcpy(o + 16 + 2 * l, &x->m, 2);
+                        for (int c = 0; c < 4; c++) memcpy(o + 32 + 32 * c + 4 * l, x->qs + 4 * c, 4);
+                    }
+        return;
+    }
     for (int64_t g = 0; g < m / LLE_PACK_ROWS; g++)
         for (int64_t b = 0; b < nb; b++, o += LLE_PK_Q41_BLOCK)
             for (int l = 0; l < LLE_PACK_ROWS; l++) {
@@ -95,10 +107,10 @@ int64_t lle_packed_group_bytes(int type, int64_t k) {
     return -1;
 }
 
-void lle_pack_rows(int type, const void *w, size_t ws, int64_t m, int64_t k, void *dst) {
+void lle_pack_rows(int type, int layout, const void *w, size_t ws, int64_t m, int64_t k, void *dst) {
     if (type == T_Q4_K) pack_q4_K(w, ws, m, k, dst);
     if (type == T_Q6_K) pack_q6_K(w, ws, m, k, dst);
-    if (type == T_Q4_1) pack_q4_1(w, ws, m, k, dst);
+    if (type == T_Q4_1) pack_q4_1(layout, w, ws, m, k, dst);
 }
 
 /* ---------------------------------------------------------------- registry */
@@ -106,7 +118,7 @@ void lle_pack_rows(int type, const void *w, size_t ws, int64_t m, int64_t k, voi
 #define FINGERPRINT 32
 
 typedef struct {
-    const void *w; int type; int64_t m, k; size_t ws;
+    const void *w; int type, layout; int64_t m, k; size_t ws;
     void *packed; size_t bytes; int refs;
     uint8_t head[FINGERPRINT];
 } pack_entry;
@@ -114,17 +126,17 @@ typedef struct {
 static pack_entry *g_packs;
 static int g_n_packs, g_cap_packs;
 
-static pack_entry *find_entry(int type, const void *w, size_t ws, int64_t m, int64_t k) {
+static pack_entry *find_entry(int type, int layout, const void *w, size_t ws, int64_t m, int64_t k) {
     for (int i = 0; i < g_n_packs; i++) {
         pack_entry *e = &g_packs[i];
-        if (e->w == w && e->type == type && e->m == m && e->k == k && e->ws == ws) return e;
+        if (e->w == w && e->type == type && e->layout == layout && e->m == m && e->k == k && e->ws == ws) return e;
     }
     return NULL;
 }
 
-const void *lle_packed_find(int type, const void *w, size_t ws, int64_t m, int64_t k) {
+const void *lle_packed_find(int type, int layout, const void *w, size_t ws, int64_t m, int64_t k) {
     if (!g_n_packs) return NULL;
-    const pack_entry *e = find_entry(type, w, ws, m, k);
+    const pack_entry *e = find_entry(type, layout, w, ws, m, k);
     if (!e || memcmp(e->head, w, FINGERPRINT) != 0) return NULL;
     return e->packed;
 }
@@ -158,8 +170,8 @@ static void free_copy(void *p, size_t bytes) {
 }
 
 /* 1: packed (or already), -2: out of memory */
-int lle_packed_add(int type, const void *w, size_t ws, int64_t m, int64_t k) {
-    pack_entry *e = find_entry(type, w, ws, m, k);
+int lle_packed_add(int type, int layout, const void *w, size_t ws, int64_t m, int64_t k) {
+    pack_entry *e = find_entry(type, layout, w, ws, m, k);
     if (e && memcmp(e->head, w, FINGERPRINT) == 0) {
         e->refs++;
         return 1;
@@ -167,7 +179,7 @@ int lle_packed_add(int type, const void *w, size_t ws, int64_t m, int64_t k) {
     const size_t bytes = (size_t)(m / LLE_PACK_ROWS) * (size_t)lle_packed_group_bytes(type, k);
     void *p = alloc_copy(bytes);
     if (!p) return -2;
-    lle_pack_rows(type, w, ws, m, k, p);
+    lle_pack_rows(type, layout, w, ws, m, k, p);
     if (e) {  /* stale: the weight it was made from is gone */
         free_copy(e->packed, e->bytes);
     } else {
@@ -183,7 +195,7 @@ int lle_packed_add(int type, const void *w, size_t ws, int64_t m, int64_t k) {
         }
         e = &g_packs[g_n_packs++];
     }
-    e->w = w; e->type = type; e->m = m; e->k = k; e->ws = ws;
+    e->w = w; e->type = type; e->layout = layout; e->m = m; e->k = k; e->ws = ws;
     e->packed = p;
     e->bytes = bytes;
     e->refs = 1;

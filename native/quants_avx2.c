@@ -761,7 +761,7 @@ void lle_register_avx2(void) {
     t[T_BF16] = (lle_kernels){.vec_dot = vec_dot_bf16, .gemv_rows = gemv_rows_bf16, .vec_dot_batch = vec_dot_bf16_tb};
     t[T_Q4_0] = (lle_kernels){.vec_dot = vec_dot_q4_0, .gemv = gemv_q4_0, .gemv_rows = gemv_rows_q4_0, .tile = tile_q4_0};
     t[T_Q4_1] = (lle_kernels){.vec_dot = vec_dot_q4_1, .gemv = gemv_q4_1, .gemv_rows = gemv_rows_q4_1, .tile = tile_q4_1,
-                              .packed = packed_q4_1};
+                              .packed = packed_q4_1, .packed_layout = LLE_PK_SPLIT8};
     t[T_Q5_0] = (lle_kernels){.vec_dot = vec_dot_q5_0, .gemv = gemv_q5_0, .tile = tile_q5_0};
     t[T_Q5_1] = (lle_kernels){.vec_dot = vec_dot_q5_1, .gemv = gemv_q5_1, .tile = tile_q5_1};
     t[T_Q8_0] = (lle_kernels){.from_float = quantize_q8_0, .vec_dot = vec_dot_q8_0, .gemv = gemv_q8_0,

@@ -1040,7 +1040,8 @@ void LLE_AVX512_REGISTER(void) {
     k = from_avx2(T_Q4_0); k.vec_dot = vec_dot_q4_0; k.gemv = gemv_q4_0; k.gemv_rows = gemv_rows_q4_0; k.tile = tile_q4_0; k.tile_rows = 8; t[T_Q4_0] = k;
     k = from_avx2(T_Q5_0); k.vec_dot = vec_dot_q5_0; k.gemv = gemv_q5_0; k.tile = tile_q5_0; k.tile_rows = 8; t[T_Q5_0] = k;
     k = from_avx2(T_Q8_0); k.vec_dot = vec_dot_q8_0; k.gemv = gemv_q8_0; k.gemv_rows = gemv_rows_q8_0; k.tile = tile_q8_0; k.tile_rows = 8; t[T_Q8_0] = k;
-    k = from_avx2(T_Q4_1); k.vec_dot = vec_dot_q4_1; k.gemv = gemv_q4_1; k.gemv_rows = gemv_rows_q4_1; k.tile = tile_q4_1; k.tile_rows = 8; k.packed = packed_q4_1; t[T_Q4_1] = k;
+    k = from_avx2(T_Q4_1); k.vec_dot = vec_dot_q4_1; k.gemv = gemv_q4_1; k.gemv_rows = gemv_rows_q4_1; k.tile = tile_q4_1; k.tile_rows = 8; k.packed = packed_q4_1;
+    k.packed_layout = LLE_PK_INTERLEAVED; t[T_Q4_1] = k;
     k = from_avx2(T_Q4_K); k.vec_dot_r8 = vec_dot_q4_K_r8; k.packed = packed_q4_K; t[T_Q4_K] = k;
     k = from_avx2(T_Q6_K); k.vec_dot = vec_dot_q6_K; k.tile_tiled = tile_q6_K_tiled; k.packed = packed_q6_K; t[T_Q6_K] = k;
     k = from_avx2(T_F16); k.vec_dot = vec_dot_f16; k.tile_batch = tile_batch_f16; t[T_F16] = k;
