@@ -599,11 +599,6 @@ static void mr_task(void *vctx, int ith, int nth) {
         if (ch >= c->n_chunks) break;
         const int64_t j0 = ch * c->chunk;
         const int64_t j1 = j0 + c->chunk < c->m ? j0 + c->chunk : c->m;
-        if (c->pw && c->n <= 4) {  /* one call: the kernel takes each group against every row */
-            c->packed(c->k, c->pw + j0 / LLE_PACK_ROWS * c->gbytes, (int)((j1 - j0) / LLE_PACK_ROWS), c->a, c->as,
-                      (int)c->n, 0, c->out + j0, (size_t)c->ldo);
-            continue;
-        }
         if (c->pw) {  /* each group of weight rows against every activation row while it is in L1 */
             for (int64_t g = j0; g < j1; g += LLE_PACK_ROWS)
                 for (int64_t i = 0; i < c->n; i += 4) {
