@@ -177,6 +177,8 @@ static void select_isa(int isa) {
                 k.vec_dot_tiled = src->vec_dot_tiled;
                 k.packed = src->packed;
                 k.packed_layout = src->packed_layout;
+                k.packed_prep = src->packed_prep;
+                k.packed_prep_bytes = src->packed_prep_bytes;
                 g_kernel_isa[t] = chain[c];
             }
             /* the x86 tiers' gemv kernels (and float vec_dots) agree bit for bit, so the rows kernel
@@ -332,6 +334,19 @@ long long lle_row_size(int type, long long k) {
 /* the type's packed kernel computes its vec_dot order (Q4_1), not only a repacked or tiled one */
 static int packed_plain(const lle_kernels *kw) { return kw->packed && !kw->vec_dot_r8 && !kw->vec_dot_tiled; }
 
+/* bytes per quantized activation row (type vt, k values): the row itself, or with a packed copy whose
+ * kernel reads per-block values beside it (kw->packed_prep, see common.h), the row and those values */
+static size_t act_stride(const lle_kernels *kw, const void *pw, int vt, int64_t k) {
+    const size_t rs = (size_t)lle_row_size(vt, k);
+    if (!pw || !kw->packed_prep) return rs;
+    return LLE_PK_PREP_OFF(rs) + (size_t)(k / lle_type_traits[vt].block_size) * (size_t)kw->packed_prep_bytes;
+}
+
+/* after quantizing an activation row: the values its packed kernel reads beside it, if any */
+static void act_prep(const lle_kernels *kw, const void *pw, int64_t k, void *row) {
+    if (pw && kw->packed_prep) kw->packed_prep((int)k, row);
+}
+
 typedef struct {
     const lle_kernels *kw;
     lle_vec_dot_fn vd;    /* the dot product of this call (its summation order) */
@@ -364,6 +379,7 @@ static void mm_quantize_row(mm_ctx *c, int64_t i) {
     void *row = (void *)(c->a + i * c->as);
     if (i < c->n_head_rows && c->from_float_head) c->from_float_head(c->x + i * c->k, row, c->k);
     else c->from_float(c->x + i * c->k, row, c->k);
+    act_prep(c->kw, c->pw, c->k, row);
     if (!c->act_scales) return;
     if (c->n == 1) {
         c->act_scales(c->k, row, c->scales);
@@ -521,7 +537,7 @@ int lle_matmul_impl(int type, const void *w, long long w_stride, long long m, lo
         c.a = (const uint8_t *)x;
         c.as = (size_t)k * sizeof(float);
     } else {
-        c.as = (size_t)lle_row_size(vt, k);
+        c.as = act_stride(kw, c.pw, vt, k);
         const size_t act_bytes = (c.as * (size_t)n + 63) & ~(size_t)63;
         uint8_t *a = scratch_get(&g_scratch_mm, act_bytes + scale_floats * sizeof(float));
         if (!a) {
@@ -599,13 +615,12 @@ static void mr_task(void *vctx, int ith, int nth) {
         if (ch >= c->n_chunks) break;
         const int64_t j0 = ch * c->chunk;
         const int64_t j1 = j0 + c->chunk < c->m ? j0 + c->chunk : c->m;
-        if (c->pw) {  /* each group of weight rows against every activation row while it is in L1 */
-            for (int64_t g = j0; g < j1; g += LLE_PACK_ROWS)
-                for (int64_t i = 0; i < c->n; i += 4) {
-                    const int nr = c->n - i < 4 ? (int)(c->n - i) : 4;
-                    c->packed(c->k, c->pw + g / LLE_PACK_ROWS * c->gbytes, 1, c->a + i * c->as, c->as, nr, 0,
-                              c->out + i * c->ldo + g, (size_t)c->ldo);
-                }
+        if (c->pw) {  /* the chunk's groups, each against up to 4 activation rows while it is in L1 */
+            for (int64_t i = 0; i < c->n; i += 4) {
+                const int nr = c->n - i < 4 ? (int)(c->n - i) : 4;
+                c->packed(c->k, c->pw + j0 / LLE_PACK_ROWS * c->gbytes, (int)((j1 - j0) / LLE_PACK_ROWS),
+                          c->a + i * c->as, c->as, nr, 0, c->out + i * c->ldo + j0, (size_t)c->ldo);
+            }
             continue;
         }
         if (c->gemv_rows) {
@@ -677,7 +692,7 @@ int lle_matmul_rows_impl(int type, const void *w, long long w_stride, long long 
         c.a = (const uint8_t *)x;
         c.as = (size_t)k * sizeof(float);
     } else {
-        c.as = (size_t)lle_row_size(vt, k);
+        c.as = act_stride(kw, c.pw, vt, k);
         const size_t act_bytes = (c.as * (size_t)n + 63) & ~(size_t)63;
         c.scale_stride = asf ? 2 * nb : 0;
         const int64_t n_groups = (n + LLE_GEMV_ROWS - 1) / LLE_GEMV_ROWS;
@@ -690,6 +705,7 @@ int lle_matmul_rows_impl(int type, const void *w, long long w_stride, long long 
         if (c.group_stride) memset(grouped, 0, (size_t)(c.group_stride * n_groups) * sizeof(float));
         for (int64_t i = 0; i < n; i++) {
             ff(x + i * k, a + i * c.as, k);
+            act_prep(kw, c.pw, k, a + i * c.as);
             if (!asf) continue;
             float *rs = scales + i * c.scale_stride;
             asf((int)k, a + i * c.as, rs);
@@ -795,12 +811,13 @@ int lle_matvec_group_impl(const lle_weight *const *ws, int count, const float *x
         if (vt == T_F32) {
             p->a = (const uint8_t *)x;
         } else {
-            const size_t as = (size_t)lle_row_size(vt, w->k);
+            const size_t as = act_stride(kw, p->pw, vt, w->k);
             const int64_t nb = w->k / lle_type_traits[vt].block_size;
             const size_t act_bytes = (as + 63) & ~(size_t)63;
             uint8_t *a = scratch_get(&g_scratch_group[i], act_bytes + (asf ? 2 * (size_t)nb * sizeof(float) : 0));
             if (!a) return -2;
             ff(x, a, w->k);
+            act_prep(kw, p->pw, w->k, a);
             if (asf) {
                 asf(w->k, a, (float *)(a + act_bytes));
                 p->scales = (const float *)(a + act_bytes);

@@ -190,6 +190,12 @@ typedef void (*lle_act_scales_fn)(int k, const void *a, float *scales);
  * the rows (1: that of vec_dot_r8_gemm, whose activations come from from_float_r8; 0: vec_dot_r8) */
 typedef void (*lle_packed_fn)(int k, const void *pw, int n_groups, const void *a, size_t a_stride, int nr,
                               int gemm, float *out, size_t ldo);
+/* optional per-block values a packed kernel reads beside each quantized activation row (float
+ * scales, offset corrections), computed once per product instead of once per weight group: the
+ * caller gives each row LLE_PK_PREP_OFF(row bytes) + blocks * packed_prep_bytes bytes and calls
+ * prep(k, row) after quantizing it, which writes them from LLE_PK_PREP_OFF(row bytes) on */
+typedef void (*lle_packed_prep_fn)(int k, void *row);
+#define LLE_PK_PREP_OFF(row_bytes) (((size_t)(row_bytes) + 63) & ~(size_t)63)
 
 typedef struct {
     lle_to_float_fn to_float;
@@ -222,6 +228,8 @@ typedef struct {
     /* optional: the products of a packed copy of the weight (native/packed.c), same orders */
     lle_packed_fn packed;
     int packed_layout;  /* which layout `packed` reads (LLE_PK_INTERLEAVED, LLE_PK_SPLIT8) */
+    lle_packed_prep_fn packed_prep;  /* optional, with packed_prep_bytes per activation block */
+    int packed_prep_bytes;
 } lle_kernels;
 
 typedef struct {
@@ -269,6 +277,14 @@ void lle_test_add_cpu_features(int features);  /* self-test only */
 #define LLE_PK_Q41_M 32
 #define LLE_PK_Q41_QS 64
 #define LLE_PK_Q41_BLOCK (64 + 4 * 64)
+/* Q8_0, 16 rows per group (LLE_PK_INTERLEAVED only), read by every product (vec_dot's order); per
+ * block: d[16] (f16) | qs[8][64]: for c < 8 the 4 bytes qs[4c ..] of each row l, plus 128 (XOR 0x80:
+ * vpdpbusd's unsigned operand; the activation side subtracts 128 times its 4-byte sums) */
+#define LLE_PK_Q80_D 0
+#define LLE_PK_Q80_QS 32
+#define LLE_PK_Q80_BLOCK (32 + 8 * 64)
+/* its activation prep per block (AVX-512): float d, then int32 -128 * (sum of bytes 4c..4c+3) for c < 8 */
+#define LLE_PK_Q80_PREP 36
 /* A group's two 8-row halves: LLE_PK_INTERLEAVED as above (a 512-bit register takes a chunk of the 16
  * rows); LLE_PK_SPLIT8 (AVX2) the first half's blocks, then the second's, each half-block d[8], m[8] |
  * qs[4][32], so that reading one half streams only its own bytes (read interleaved, the first half's

@@ -2,7 +2,7 @@
  * faster (16 rows side by side, so that one 512-bit register holds a few values of 16 rows and a
  * product needs no horizontal sums), and the registry that finds the copy of a weight by its
  * address. The layouts are defined in common.h; the kernels that read them live in the per-ISA
- * files (quants_avx512.c: Q4_K, Q6_K, Q4_1) and compute exactly the values of the unpacked kernels of their
+ * files (quants_avx512.c: Q4_K, Q6_K, Q4_1, Q8_0) and compute exactly the values of the unpacked kernels of their
  * slot (the same integers per block or quarter block, the same float operations in the same
  * order), so packing changes speed only.
  *
@@ -98,8 +98,22 @@ static void pack_q4_1(int layout, const void *w, size_t ws, int64_t m, int64_t k
             }
 }
 
+static void pack_q8_0(const void *w, size_t ws, int64_t m, int64_t k, void *dst) {
+    const int64_t nb = k / QK;
+    uint8_t *o = dst;
+    for (int64_t g = 0; g < m / LLE_PACK_ROWS; g++)
+        for (int64_t b = 0; b < nb; b++, o += LLE_PK_Q80_BLOCK)
+            for (int l = 0; l < LLE_PACK_ROWS; l++) {
+                const block_q8_0 *x = (const block_q8_0 *)((const uint8_t *)w + (size_t)(g * LLE_PACK_ROWS + l) * ws) + b;
+                memcpy(o + LLE_PK_Q80_D + 2 * l, &x->d, 2);
+                for (int c = 0; c < 8; c++)
+                    for (int i = 0; i < 4; i++) o[LLE_PK_Q80_QS + 64 * c + 4 * l + i] = (uint8_t)x->qs[4 * c + i] ^ 0x80;
+            }
+}
+
 int64_t lle_packed_group_bytes(int type, int64_t k) {
     if (k <= 0) return -1;
+    if (type == T_Q8_0) return k % QK ? -1 : k / QK * LLE_PK_Q80_BLOCK;
     if (type == T_Q4_1) return k % QK || k / QK > LLE_PK_Q41_MAX_BLOCKS ? -1 : k / QK * LLE_PK_Q41_BLOCK;
     if (k % QK_K) return -1;
     if (type == T_Q4_K) return k / QK_K * LLE_PK_Q4K_BLOCK;
@@ -111,6 +125,7 @@ void lle_pack_rows(int type, int layout, const void *w, size_t ws, int64_t m, in
     if (type == T_Q4_K) pack_q4_K(w, ws, m, k, dst);
     if (type == T_Q6_K) pack_q6_K(w, ws, m, k, dst);
     if (type == T_Q4_1) pack_q4_1(layout, w, ws, m, k, dst);
+    if (type == T_Q8_0) pack_q8_0(w, ws, m, k, dst);
 }
 
 /* ---------------------------------------------------------------- registry */

@@ -529,9 +529,22 @@ LLE_INLINE __m512 hsum8_lanes(const __m512 v[8]) {
                          _mm512_add_ps(_mm512_add_ps(v[5], v[1]), _mm512_add_ps(v[7], v[3])));
 }
 
+/* the float scales d, s of each Q8_1 activation block (packed_prep: read as broadcasts, not converted
+ * from f16 once per block, row and weight group) */
+static void prep_q4_1(int k, void *row) {
+    const int nb = k / QK;
+    const block_q8_1 *y = row;
+    float *x = (float *)((uint8_t *)row + LLE_PK_PREP_OFF((size_t)nb * sizeof(block_q8_1)));
+    for (int b = 0; b < nb; b++) {
+        x[2 * b] = h2f(y[b].d);
+        x[2 * b + 1] = h2f(y[b].s);
+    }
+}
+
 LLE_INLINE void packed_q4_1_nr(const int NR, int k, const uint8_t *pw, const uint8_t *a, size_t as, float *out,
                                size_t ldo) {
     const int nb = k / QK;
+    const size_t xoff = LLE_PK_PREP_OFF((size_t)nb * sizeof(block_q8_1));
     const __m512i m4 = _mm512_set1_epi8(0xF);
     __m512 acc[2][8], summs[2];
 #pragma GCC unroll 2
@@ -558,9 +571,11 @@ LLE_INLINE void packed_q4_1_nr(const int NR, int k, const uint8_t *pw, const uin
         }
 #pragma GCC unroll 2
         for (int r = 0; r < NR; r++) {
-            const block_q8_1 *y = (const block_q8_1 *)(a + (size_t)r * as) + b;
-            summs[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(h2f(y->s)), summs[r]);
-            const __m512 dd = _mm512_mul_ps(dw, _mm512_set1_ps(h2f(y->d)));
+            const uint8_t *row = a + (size_t)r * as;
+            const block_q8_1 *y = (const block_q8_1 *)row + b;
+            const float *ys = (const float *)(row + xoff) + 2 * b;
+            summs[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(ys[1]), summs[r]);
+            const __m512 dd = _mm512_mul_ps(dw, _mm512_set1_ps(ys[0]));
 #pragma GCC unroll 8
             for (int l = 0; l < 8; l++) {
                 const __m512i yq = _mm512_set1_epi32(load_i32(y->qs + (l < 4 ? 4 * l : 16 + 4 * (l - 4))));
@@ -573,7 +588,8 @@ LLE_INLINE void packed_q4_1_nr(const int NR, int k, const uint8_t *pw, const uin
     for (int r = 0; r < NR; r++) _mm512_storeu_ps(out + (size_t)r * ldo, _mm512_add_ps(hsum8_lanes(acc[r]), summs[r]));
 }
 
-/* `gemm` is unused (one order); activation rows two at a time (16 accumulators each pass) */
+/* `gemm` is unused (one order); each group against every activation row (at most 4), two at a time
+ * (16 accumulators each pass), while the group is in L1 */
 static void packed_q4_1(int k, const void *pw, int ng, const void *a, size_t as, int nr, int gemm, float *out,
                         size_t ldo) {
     (void)gemm;
@@ -584,6 +600,74 @@ static void packed_q4_1(int k, const void *pw, int ng, const void *a, size_t as,
         for (; r + 2 <= nr; r += 2)
             packed_q4_1_nr(2, k, gw, (const uint8_t *)a + (size_t)r * as, as, out + (size_t)r * ldo + LLE_PACK_ROWS * g, ldo);
         if (r < nr) packed_q4_1_nr(1, k, gw, (const uint8_t *)a + (size_t)r * as, as, out + (size_t)r * ldo + LLE_PACK_ROWS * g, ldo);
+    }
+}
+
+/* ---------------------------------------------------------------- Q8_0, packed 16 rows (native/packed.c) */
+/* vec_dot_q8_0's order (gemv_q8_0: acc = fma(dx * dy, dot, acc) over AVX2's 8 lanes of 4 products,
+ * hsum_float_8 at the end) over a group of 16 weight rows, lane l = row l, as packed_q4_1. The
+ * weights are stored plus 128 (vpdpbusd's unsigned operand); each lane's dot starts from -128 times
+ * the sum of its 4 activation bytes (prep_q8_0), so it is the signed dot, the same integer as the
+ * unpacked kernel's |x| * sign(y, x). */
+static void prep_q8_0(int k, void *row) {
+    const int nb = k / QK;
+    const block_q8_0 *y = row;
+    uint8_t *x = (uint8_t *)row + LLE_PK_PREP_OFF((size_t)nb * sizeof(block_q8_0));
+    for (int b = 0; b < nb; b++, x += LLE_PK_Q80_PREP) {
+        const float d = h2f(y[b].d);
+        memcpy(x, &d, 4);
+        const __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80),
+                                              _mm256_loadu_si256((const __m256i *)y[b].qs));
+        _mm256_storeu_si256((__m256i *)(x + 4), _mm256_sub_epi32(_mm256_setzero_si256(), s));
+    }
+}
+
+LLE_INLINE void packed_q8_0_nr(const int NR, int k, const uint8_t *pw, const uint8_t *a, size_t as, float *out,
+                               size_t ldo) {
+    const int nb = k / QK;
+    const size_t xoff = LLE_PK_PREP_OFF((size_t)nb * sizeof(block_q8_0));
+    __m512 acc[2][8];
+#pragma GCC unroll 2
+    for (int r = 0; r < NR; r++) {
+#pragma GCC unroll 8
+        for (int l = 0; l < 8; l++) acc[r][l] = _mm512_setzero_ps();
+    }
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = pw + (size_t)b * LLE_PK_Q80_BLOCK;
+#pragma GCC unroll 9
+        for (int i = 0; i < 9; i++) _mm_prefetch((const char *)blk + LLE_PREFETCH + 64 * i, _MM_HINT_T0);
+        const __m512 dw = lle512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + LLE_PK_Q80_D)));
+#pragma GCC unroll 2
+        for (int r = 0; r < NR; r++) {
+            const uint8_t *row = a + (size_t)r * as;
+            const block_q8_0 *y = (const block_q8_0 *)row + b;
+            const uint8_t *yx = row + xoff + (size_t)b * LLE_PK_Q80_PREP;
+            float dy;
+            memcpy(&dy, yx, 4);
+            const __m512 dd = _mm512_mul_ps(dw, _mm512_set1_ps(dy));
+#pragma GCC unroll 8
+            for (int l = 0; l < 8; l++) {
+                const __m512i w = _mm512_loadu_si512((const void *)(blk + LLE_PK_Q80_QS + 64 * l));
+                const __m512i yq = _mm512_set1_epi32(load_i32(y->qs + 4 * l));
+                const __m512i dot = _mm512_dpbusd_epi32(_mm512_set1_epi32(load_i32(yx + 4 + 4 * l)), w, yq);
+                acc[r][l] = _mm512_fmadd_ps(dd, lle512_cvtepi32_ps(dot), acc[r][l]);
+            }
+        }
+    }
+#pragma GCC unroll 2
+    for (int r = 0; r < NR; r++) _mm512_storeu_ps(out + (size_t)r * ldo, hsum8_lanes(acc[r]));
+}
+
+static void packed_q8_0(int k, const void *pw, int ng, const void *a, size_t as, int nr, int gemm, float *out,
+                        size_t ldo) {
+    (void)gemm;
+    const size_t gbytes = (size_t)(k / QK) * LLE_PK_Q80_BLOCK;
+    for (int g = 0; g < ng; g++) {
+        const uint8_t *gw = (const uint8_t *)pw + (size_t)g * gbytes;
+        int r = 0;
+        for (; r + 2 <= nr; r += 2)
+            packed_q8_0_nr(2, k, gw, (const uint8_t *)a + (size_t)r * as, as, out + (size_t)r * ldo + LLE_PACK_ROWS * g, ldo);
+        if (r < nr) packed_q8_0_nr(1, k, gw, (const uint8_t *)a + (size_t)r * as, as, out + (size_t)r * ldo + LLE_PACK_ROWS * g, ldo);
     }
 }
 
@@ -1039,9 +1123,10 @@ void LLE_AVX512_REGISTER(void) {
     lle_kernels k;
     k = from_avx2(T_Q4_0); k.vec_dot = vec_dot_q4_0; k.gemv = gemv_q4_0; k.gemv_rows = gemv_rows_q4_0; k.tile = tile_q4_0; k.tile_rows = 8; t[T_Q4_0] = k;
     k = from_avx2(T_Q5_0); k.vec_dot = vec_dot_q5_0; k.gemv = gemv_q5_0; k.tile = tile_q5_0; k.tile_rows = 8; t[T_Q5_0] = k;
-    k = from_avx2(T_Q8_0); k.vec_dot = vec_dot_q8_0; k.gemv = gemv_q8_0; k.gemv_rows = gemv_rows_q8_0; k.tile = tile_q8_0; k.tile_rows = 8; t[T_Q8_0] = k;
+    k = from_avx2(T_Q8_0); k.vec_dot = vec_dot_q8_0; k.gemv = gemv_q8_0; k.gemv_rows = gemv_rows_q8_0; k.tile = tile_q8_0; k.tile_rows = 8;
+    k.packed = packed_q8_0; k.packed_layout = LLE_PK_INTERLEAVED; k.packed_prep = prep_q8_0; k.packed_prep_bytes = LLE_PK_Q80_PREP; t[T_Q8_0] = k;
     k = from_avx2(T_Q4_1); k.vec_dot = vec_dot_q4_1; k.gemv = gemv_q4_1; k.gemv_rows = gemv_rows_q4_1; k.tile = tile_q4_1; k.tile_rows = 8; k.packed = packed_q4_1;
-    k.packed_layout = LLE_PK_INTERLEAVED; t[T_Q4_1] = k;
+    k.packed_layout = LLE_PK_INTERLEAVED; k.packed_prep = prep_q4_1; k.packed_prep_bytes = 8; t[T_Q4_1] = k;
     k = from_avx2(T_Q4_K); k.vec_dot_r8 = vec_dot_q4_K_r8; k.packed = packed_q4_K; t[T_Q4_K] = k;
     k = from_avx2(T_Q6_K); k.vec_dot = vec_dot_q6_K; k.tile_tiled = tile_q6_K_tiled; k.packed = packed_q6_K; t[T_Q6_K] = k;
     k = from_avx2(T_F16); k.vec_dot = vec_dot_f16; k.tile_batch = tile_batch_f16; t[T_F16] = k;

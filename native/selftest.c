@@ -223,13 +223,13 @@ static void test_rows(int isa) {
 static void test_packed(int isa, int ref_isa) {
     enum { NN = 6, MMAX = 48, KMAX = 2304, NMAX = 13 };
     static const int ms[] = {16, MMAX}, ks[] = {512, KMAX}, ns[NN] = {1, 3, 4, 5, 8, NMAX};
-    static const int pts[] = {T_Q4_K, T_Q6_K, T_Q4_1};
+    static const int pts[] = {T_Q4_K, T_Q6_K, T_Q4_1, T_Q8_0};
     static float ref[NN][2][2][NMAX * MMAX];  /* [n][stale][whole product, one row at a time] */
     float *x = malloc(sizeof(float) * NMAX * KMAX), *ob = malloc(sizeof(float) * NMAX * MMAX);
     uint8_t *w = malloc(1 << 20);
     for (int i = 0; i < NMAX * KMAX; i++) x[i] = rndf() * 3.0f;
     int packed = 0;
-    for (int ti = 0; ti < 3; ti++)
+    for (int ti = 0; ti < 4; ti++)
     for (int mi = 0; mi < 2; mi++)
         for (int ki = 0; ki < 2; ki++) {
             const int m = ms[mi], k = ks[ki], t = pts[ti];
@@ -280,7 +280,7 @@ static void test_packed(int isa, int ref_isa) {
             if (r == 1) lle_unpack_weight(w);
         }
     CHECK(lle_packed_count() == 0, "%d packed copies left", lle_packed_count());
-    printf("  packed Q4_K, Q6_K, Q4_1 (%s): %d of 12 shapes packed\n", isa == ISA_AVX512 ? "avx512" : "avx2", packed);
+    printf("  packed Q4_K, Q6_K, Q4_1, Q8_0 (%s): %d of 16 shapes packed\n", isa == ISA_AVX512 ? "avx512" : "avx2", packed);
     free(x); free(ob); free(w);
 }
 
