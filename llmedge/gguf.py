@@ -204,18 +204,33 @@ def _bulk_strings(buf: memoryview, size: int, pos: int, count: int) -> tuple[lis
 _FILE_MAPPINGS: weakref.WeakKeyDictionary[mmap.mmap, dict[int, int]] = weakref.WeakKeyDictionary()
 
 
+def _file_mapping(arr: np.ndarray) -> tuple[Any, dict[int, int]] | None:
+    """The open GGUF file mapping ``arr`` views, and its released page ranges, or None."""
+    base: Any = arr
+    while base is not None and not isinstance(base, mmap.mmap):
+        base = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
+    released = _FILE_MAPPINGS.get(base) if base is not None else None
+    if released is None or not hasattr(mmap, "MADV_DONTNEED") or base.closed:
+        return None
+    return base, released
+
+
+def in_file_mapping(arr: np.ndarray) -> bool:
+    """Whether ``arr`` views a GGUF file's read-only mapping, whose pages may be dropped from the resident
+    set (:func:`release_resident_pages`; the native packer drops them slice by slice as it copies)."""
+    return _file_mapping(arr) is not None
+
+
 def release_resident_pages(arr: np.ndarray) -> bool:
     """Drop the whole pages under ``arr`` from this process's resident set, when ``arr`` is a view into a
     GGUF file's read-only mapping (a backend that made its own copy of a tensor, e.g. the native backend's
     packed weights, no longer reads the file's bytes). The bytes stay valid: an access faults them back in
     from the page cache. Returns False, touching nothing, for any other memory (anonymous memory would be
     zeroed) or where the OS has no MADV_DONTNEED."""
-    base: Any = arr
-    while base is not None and not isinstance(base, mmap.mmap):
-        base = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
-    released = _FILE_MAPPINGS.get(base) if base is not None else None
-    if released is None or not hasattr(mmap, "MADV_DONTNEED") or base.closed:
+    found = _file_mapping(arr)
+    if found is None:
         return False
+    base, released = found
     start = arr.ctypes.data - np.frombuffer(base, dtype=np.uint8).ctypes.data
     page = mmap.PAGESIZE
     first = -(-start // page) * page

@@ -840,7 +840,7 @@ int lle_matvec_group_impl(const lle_weight *const *ws, int count, const float *x
 
 /* ---------------------------------------------------------------- packed weights */
 
-int lle_pack_weight(int type, const void *w, long long w_stride, long long m, long long k) {
+int lle_pack_weight(int type, const void *w, long long w_stride, long long m, long long k, int release_source) {
     if (!valid_type(type) || m <= 0 || k <= 0 || k > 0x7fffffff || lle_row_size(type, k) < 0 || !w) return -1;
     lle_lock();
     ensure_init();
@@ -850,7 +850,7 @@ int lle_pack_weight(int type, const void *w, long long w_stride, long long m, lo
     /* every type whose tier has packed kernels: they replace the repacked (Q4_K), tiled (Q6_K, 8+ rows)
      * or only (Q4_1) order of its products */
     if (kw->packed && m % LLE_PACK_ROWS == 0 && lle_packed_group_bytes(type, k) > 0)
-        r = lle_packed_add(type, kw->packed_layout, w, ws, m, k);
+        r = lle_packed_add(type, kw->packed_layout, w, ws, m, k, release_source);
     lle_unlock();
     return r;
 }

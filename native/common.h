@@ -300,7 +300,7 @@ const void *lle_packed_find(int type, int layout, const void *w, size_t ws, int6
 /* bytes of one packed group of LLE_PACK_ROWS rows */
 int64_t lle_packed_group_bytes(int type, int64_t k);
 void lle_pack_rows(int type, int layout, const void *w, size_t ws, int64_t m, int64_t k, void *dst);
-int lle_packed_add(int type, int layout, const void *w, size_t ws, int64_t m, int64_t k);
+int lle_packed_add(int type, int layout, const void *w, size_t ws, int64_t m, int64_t k, int release_source);
 void lle_packed_remove(const void *w);
 int lle_packed_entries(void);
 

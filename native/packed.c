@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #if defined(__unix__) || defined(__APPLE__)
 #include <sys/mman.h>
+#include <unistd.h>
 #endif
 
 /* ---------------------------------------------------------------- layouts */
@@ -184,8 +185,40 @@ static void free_copy(void *p, size_t bytes) {
 #endif
 }
 
-/* 1: packed (or already), -2: out of memory */
-int lle_packed_add(int type, int layout, const void *w, size_t ws, int64_t m, int64_t k) {
+/* Pack in slices of about this many source bytes; with release_source, each slice's whole pages leave
+ * the resident set as soon as they are packed, so packing a large weight (Gemma 3's 178 MB output
+ * head) never holds both the source and the copy resident at once. */
+#define PACK_SLICE_BYTES (1 << 20)
+
+static void pack_sliced(int type, int layout, const uint8_t *w, size_t ws, int64_t m, int64_t k, uint8_t *dst,
+                        int release_source) {
+    const int64_t ng = m / LLE_PACK_ROWS, gbytes = lle_packed_group_bytes(type, k);
+    int64_t step = PACK_SLICE_BYTES / ((int64_t)ws * LLE_PACK_ROWS);
+    if (step < 1) step = 1;
+#if defined(__unix__) || defined(__APPLE__)
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = ((uintptr_t)w + page - 1) / page * page;  /* first page not yet released */
+#else
+    release_source = 0;
+#endif
+    for (int64_t g0 = 0; g0 < ng; g0 += step) {
+        const int64_t g1 = g0 + step < ng ? g0 + step : ng;
+        lle_pack_rows(type, layout, w + (size_t)(g0 * LLE_PACK_ROWS) * ws, ws, (g1 - g0) * LLE_PACK_ROWS, k,
+                      dst + (size_t)(g0 * gbytes));
+#if defined(__unix__) || defined(__APPLE__)
+        if (!release_source) continue;
+        const uintptr_t hi = ((uintptr_t)w + (size_t)(g1 * LLE_PACK_ROWS) * ws) / page * page;
+        if (hi > lo) {
+            madvise((void *)lo, hi - lo, MADV_DONTNEED);
+            lo = hi;
+        }
+#endif
+    }
+}
+
+/* 1: packed (or already), -2: out of memory. release_source: w lies in a read-only file mapping whose
+ * pages may be dropped (they fault back in from the page cache when read). */
+int lle_packed_add(int type, int layout, const void *w, size_t ws, int64_t m, int64_t k, int release_source) {
     pack_entry *e = find_entry(type, layout, w, ws, m, k);
     if (e && memcmp(e->head, w, FINGERPRINT) == 0) {
         e->refs++;
@@ -194,7 +227,9 @@ int lle_packed_add(int type, int layout, const void *w, size_t ws, int64_t m, in
     const size_t bytes = (size_t)(m / LLE_PACK_ROWS) * (size_t)lle_packed_group_bytes(type, k);
     void *p = alloc_copy(bytes);
     if (!p) return -2;
-    lle_pack_rows(type, layout, w, ws, m, k, p);
+    uint8_t head[FINGERPRINT];
+    memcpy(head, w, FINGERPRINT);
+    pack_sliced(type, layout, w, ws, m, k, p, release_source);
     if (e) {  /* stale: the weight it was made from is gone */
         free_copy(e->packed, e->bytes);
     } else {
@@ -214,7 +249,7 @@ int lle_packed_add(int type, int layout, const void *w, size_t ws, int64_t m, in
     e->packed = p;
     e->bytes = bytes;
     e->refs = 1;
-    memcpy(e->head, w, FINGERPRINT);
+    memcpy(e->head, head, FINGERPRINT);
     return 1;
 }
 

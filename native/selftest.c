@@ -245,7 +245,7 @@ static void test_packed(int isa, int ref_isa) {
                     if (stale) w[0] ^= 0x5a;
                 }
             lle_set_isa(isa);
-            const int r = lle_pack_weight(t, w, rs, m, k);
+            const int r = lle_pack_weight(t, w, rs, m, k, 0);
             CHECK(r == 0 || r == 1, "lle_pack_weight returned %d", r);
             packed += r == 1;
             for (int ni = 0; ni < NN; ni++) {

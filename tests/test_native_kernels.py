@@ -327,7 +327,7 @@ def test_batched_rows_equal_single_rows_bitwise(be: NativeBackend, isa: str, t: 
 
 
 def packed_here(t: T) -> bool:
-    """Whether the best tier here makes a packed copy of type ``t`` (AVX-512: Q4_K, Q6_K, Q4_1; AVX2: Q4_1)."""
+    """Whether the best tier here makes a packed copy of type ``t`` (AVX-512: Q4_K, Q6_K, Q4_1, Q8_0; AVX2: Q4_1)."""
     isas = available_isas()
     return "avx512" in isas if t != T.Q4_1 else "avx2" in isas
 
@@ -345,13 +345,13 @@ def unpacked_matmul(t: T, raw: np.ndarray, x: np.ndarray) -> np.ndarray:
     return out
 
 
-@pytest.mark.parametrize("t", [T.Q4_K, T.Q6_K, T.Q4_1], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [T.Q4_K, T.Q6_K, T.Q4_1, T.Q8_0], ids=lambda t: t.name)
 def test_packed_weights_give_the_unpacked_products_bitwise(be: NativeBackend, t: T) -> None:
-    """On the AVX-512 tier a Q4_K, Q6_K or Q4_1 weight with a multiple of 16 rows gets a packed copy
-    at prepare (16 rows interleaved, native/packed.c), on the AVX2 tier a Q4_1 weight; its products
+    """On the AVX-512 tier a Q4_K, Q6_K, Q4_1 or Q8_0 weight with a multiple of 16 rows gets a packed
+    copy at prepare (16 rows interleaved, native/packed.c), on the AVX2 tier a Q4_1 weight; its products
     equal the unpacked ones of the AVX2 tier bit for bit (Q4_K: decode and both repacked prefill
-    orders, 4-row groups then the n % 4 rows; Q6_K: the tiled order of 8+ rows; Q4_1: its one order
-    everywhere), and so do the row-exact batches (each row as the one-row product; the C self-test
+    orders, 4-row groups then the n % 4 rows; Q6_K: the tiled order of 8+ rows; Q4_1 and Q8_0: their
+    one order everywhere), and so do the row-exact batches (each row as the one-row product; the C self-test
     also checks the grouped decode products); the copy is freed with the weight. Elsewhere nothing is
     packed."""
     import gc
@@ -382,6 +382,58 @@ def test_packed_weights_give_the_unpacked_products_bitwise(be: NativeBackend, t:
     del w
     gc.collect()
     assert lib.lle_packed_count() == before
+
+
+def test_packing_a_file_mapped_weight_drops_its_pages_as_it_copies(be: NativeBackend, tmp_path: Path) -> None:
+    """Packing reads the weight from the GGUF file's mapping and writes a copy; told that the source is
+    such a mapping, the packer drops each slice's pages from the resident set as soon as it is copied
+    (a large output head never holds both resident), and the products, read from the copy, are still
+    the unpacked ones. Anonymous memory is never released (MADV_DONTNEED would zero it)."""
+    import gguf
+
+    from llmedge._native import ffi, lib
+
+    if not sys.platform.startswith("linux"):
+        skip_or_fail("RssFile is Linux's")
+    if not packed_here(T.Q4_1):
+        skip_or_fail("no packed kernels on this CPU")
+    rng = np.random.default_rng(23)
+    m, k = 4096, 2048  # 5 MB of Q4_1
+    raw = random_weight(T.Q4_1, m, k, rng)
+    path = tmp_path / "w.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tensor("w", raw.reshape(m, -1), raw_dtype=gguf.GGMLQuantizationType.Q4_1)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+    def rss_file_kb() -> int:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("RssFile:"))
+
+    x = rng.standard_normal((3, k)).astype(np.float32)
+    with GGUFFile(path) as g:
+        data = g.tensor("w").data
+        assert int(data.view(np.uint8).sum(dtype=np.uint64)) > 0  # every page resident
+        before = rss_file_kb()
+        ptr = ffi.from_buffer("char[]", data)
+        rs = raw.nbytes // m
+        assert lib.lle_pack_weight(int(T.Q4_1), ptr, rs, m, k, 1) == 1
+        try:
+            assert before - rss_file_kb() > 0.9 * (raw.nbytes >> 10), "the copied pages stayed resident"
+            out = np.empty((3, m), dtype=np.float32)
+            assert lib.lle_matmul(int(T.Q4_1), ptr, rs, m, k, ffi.from_buffer("float[]", x), 3,
+                                  ffi.from_buffer("float[]", out), m) == 0
+            assert np.array_equal(out, unpacked_matmul(T.Q4_1, raw, x))
+        finally:
+            lib.lle_unpack_weight(ptr)
+        del ptr, data
+    anon = raw.copy()
+    ptr = ffi.from_buffer("char[]", anon)
+    assert lib.lle_pack_weight(int(T.Q4_1), ptr, anon.shape[1], m, k, 0) == 1
+    lib.lle_unpack_weight(ptr)
+    assert np.array_equal(anon, raw)
 
 
 def test_thread_pool_survives_fork(be: NativeBackend) -> None:

@@ -38,7 +38,7 @@ from llmedge.backends.base import as_f32c as _f32c
 from llmedge.backends.base import out_array as _out
 from llmedge.backends.cpu import physical_cores
 from llmedge.errors import LlmedgeError
-from llmedge.gguf import TensorInfo, release_resident_pages
+from llmedge.gguf import TensorInfo, in_file_mapping, release_resident_pages
 from llmedge.models.base import cache_rope
 
 try:
@@ -119,10 +119,10 @@ class NativeWeight:
 
     def _pack(self) -> None:
         """A packed copy in C for the selected kernel tier where it has packed kernels (AVX-512:
-        Q4_K, Q6_K, Q4_1; AVX2: Q4_1), found by address at every product and freed with this object; results
-        unchanged. The file's pages under a packed weight leave the resident set (the products read the
+        Q4_K, Q6_K, Q4_1, Q8_0; AVX2: Q4_1), found by address at every product and freed with this object; results
+        unchanged. The file's pages under a packed weight leave the resident set as they are copied (the products read the
         copy), so a packed model costs no more memory than an unpacked one."""
-        rc = lib.lle_pack_weight(self.ggml_type, self.ptr, self.row_bytes, self.m, self.k)
+        rc = lib.lle_pack_weight(self.ggml_type, self.ptr, self.row_bytes, self.m, self.k, in_file_mapping(self.data))
         if rc < 0:
             raise LlmedgeError(f"native: packing {self.name} failed (code {rc})")
         if rc == 1:
