@@ -264,8 +264,25 @@ class LayerCache:
         self.pos[:] = -1
         self.scratch = scratch
         self.rope: RopeSpec | None = None
-        self.used = 0  # cells [0, used) may hold data (all of them once a ring wrapped)
-        self.head = 0  # the cell written next
+        # (used, head) in one array, so that a native stack can claim cells without Python per layer:
+        # cells [0, used) may hold data (all of them once a ring wrapped), head is the cell written next
+        self.cursor = np.zeros(2, dtype=np.int64)
+
+    @property
+    def used(self) -> int:
+        return int(self.cursor[0])
+
+    @used.setter
+    def used(self, n: int) -> None:
+        self.cursor[0] = n
+
+    @property
+    def head(self) -> int:
+        return int(self.cursor[1])
+
+    @head.setter
+    def head(self, n: int) -> None:
+        self.cursor[1] = n
 
     @staticmethod
     def plan(capacity: int, n_kv_head: int, head_dim_k: int, head_dim_v: int, kv_type: str
@@ -288,21 +305,30 @@ class LayerCache:
         return p[p >= 0]
 
     # -- the hot path ------------------------------------------------------------------------------
+    def room_error(self, n: int) -> str | None:
+        """Why ``n`` more rows do not fit (:meth:`reserve` refuses them), or None. The native stack
+        claims cells by the same rules in C (native/layer.c kv_reserve)."""
+        if not self.ring:
+            if self.used + n > self.capacity:
+                return f"KV cache full: {self.used} + {n} tokens > {self.capacity} cells"
+        elif self.window is not None and n > self.capacity - self.window + 1:
+            return f"batch of {n} rows exceeds the sliding-window ring of {self.capacity}"
+        return None
+
     def reserve(self, positions: np.ndarray) -> tuple[int, int, int]:
         """Claim cells for ``positions`` (n rows) and record their positions, without writing K/V.
 
         Returns (start, first, used): rows [0, first) go to cells start.., rows [first, n) to cells
         0.. (a ring wrapping around), and attention then reads cells [0, used)."""
         n = len(positions)
+        why = self.room_error(n)
+        if why:
+            raise ValueError(why)
         if not self.ring:
             start = self.used
-            if start + n > self.capacity:
-                raise ValueError(f"KV cache full: {start} + {n} tokens > {self.capacity} cells")
             self.pos[start : start + n] = positions
             self.used = self.head = start + n
             return start, n, self.used
-        if n > self.capacity - self.window + 1:
-            raise ValueError(f"batch of {n} rows exceeds the sliding-window ring of {self.capacity}")
         start = self.head
         first = min(n, self.capacity - start)
         self.pos[start : start + first] = positions[:first]

@@ -133,7 +133,7 @@ static void add_bias(float *x, const float *bias, long long n, int d) {
 }
 
 static int layer_forward(const lle_layer *L, float *x, long long n, const int *pos, int n_seqs,
-                         const int *seq_rows, const lle_kv *kv) {
+                         const int *seq_rows, lle_kv *const *kv, int il) {
     const int d = L->n_embd, hd = L->head_dim, nq = L->n_head * hd, nk = L->n_kv_head * hd;
     float *xn = buf(0, (size_t)n * d), *q = buf(1, (size_t)n * nq), *k = buf(2, (size_t)n * nk);
     float *v = buf(3, (size_t)n * nk), *ao = buf(4, (size_t)n * nq), *h = buf(5, (size_t)n * d);
@@ -176,7 +176,7 @@ static int layer_forward(const lle_layer *L, float *x, long long n, const int *p
     int n_one = 0;
     if (!one) return -2;
     for (int s = 0; s < n_seqs; s++) {
-        const lle_kv *c = &kv[s];
+        const lle_kv *c = &kv[s][il];
         const int r0 = seq_rows[s], ns = seq_rows[s + 1] - r0;
         const void *kc = c->k, *vc = c->v;
         TIMED(P_KV_STORE,
@@ -234,32 +234,72 @@ static int layer_forward(const lle_layer *L, float *x, long long n, const int *p
     return rc;
 }
 
-int lle_decoder_layers(const lle_layer *layers, int n_layer, float *x, long long n, const int *pos,
-                       int n_seqs, const int *seq_rows, const lle_kv *kv) {
+/* Claim the cells of every sequence's rows in every layer, as kvcache.LayerCache.reserve does: a
+ * plain cache appends at `used`; a ring writes from `head` and wraps to cell 0. Every layer is checked
+ * before any changes (-3: one has no room). */
+static int kv_reserve(int n_layer, int n_seqs, const int *seq_rows, const int *pos, lle_kv *const *kv) {
+    for (int s = 0; s < n_seqs; s++)
+        for (int il = 0; il < n_layer; il++) {
+            const lle_kv *e = &kv[s][il];
+            const long long n = seq_rows[s + 1] - seq_rows[s];
+            if (e->ring ? n > (long long)e->capacity - e->window + 1 : e->cursor[0] + n > e->capacity) return -3;
+        }
+    for (int s = 0; s < n_seqs; s++) {
+        const int n = seq_rows[s + 1] - seq_rows[s];
+        const int *p = pos + seq_rows[s];
+        for (int il = 0; il < n_layer; il++) {
+            lle_kv *e = &kv[s][il];
+            long long *used = &e->cursor[0], *head = &e->cursor[1];
+            if (!e->ring) {
+                const int start = (int)*used;
+                memcpy(e->pos + start, p, (size_t)n * sizeof(int));
+                *used = *head = start + n;
+                e->cell_start = start;
+                e->n_first = n;
+            } else {
+                const int start = (int)*head, first = n < e->capacity - start ? n : e->capacity - start;
+                memcpy(e->pos + start, p, (size_t)first * sizeof(int));
+                if (first < n) {
+                    memcpy(e->pos, p + first, (size_t)(n - first) * sizeof(int));
+                    *used = e->capacity;
+                } else if (start + n > *used) {
+                    *used = start + n;
+                }
+                *head = (start + n) % e->capacity;
+                e->cell_start = start;
+                e->n_first = first;
+            }
+            e->n_cells = (int)*used;
+        }
+    }
+    return 0;
+}
+
+static int run_layers(const lle_layer *layers, int n_layer, float *x, long long n, const int *pos, int n_seqs,
+                      const int *seq_rows, lle_kv *const *kv, int rows) {
     if (n_layer < 0 || n <= 0 || n_seqs <= 0 || seq_rows[0] != 0 || seq_rows[n_seqs] != n) return -1;
+    for (int s = 0; s < n_seqs; s++)
+        if (seq_rows[s + 1] < seq_rows[s]) return -1;
     lle_lock();
     lle_ensure_init();
-    int rc = 0;
+    int rc = kv_reserve(n_layer, n_seqs, seq_rows, pos, kv);
     if (g_profile) g_prof_calls += 1;
+    g_rows = rows;
     for (int il = 0; il < n_layer && rc == 0; il++)
-        rc = layer_forward(&layers[il], x, n, pos, n_seqs, seq_rows, kv + (size_t)il * n_seqs);
+        rc = layer_forward(&layers[il], x, n, pos, n_seqs, seq_rows, kv, il);
+    g_rows = 0;
     lle_unlock();
     return rc;
 }
 
+int lle_decoder_layers(const lle_layer *layers, int n_layer, float *x, long long n, const int *pos,
+                       int n_seqs, const int *seq_rows, lle_kv *const *kv) {
+    return run_layers(layers, n_layer, x, n, pos, n_seqs, seq_rows, kv, 0);
+}
+
 int lle_decoder_layers_rows(const lle_layer *layers, int n_layer, float *x, long long n, const int *pos,
-                            int n_seqs, const int *seq_rows, const lle_kv *kv) {
-    if (n_layer < 0 || n <= 0 || n_seqs <= 0 || seq_rows[0] != 0 || seq_rows[n_seqs] != n) return -1;
-    lle_lock();
-    lle_ensure_init();
-    int rc = 0;
-    if (g_profile) g_prof_calls += 1;
-    g_rows = 1;
-    for (int il = 0; il < n_layer && rc == 0; il++)
-        rc = layer_forward(&layers[il], x, n, pos, n_seqs, seq_rows, kv + (size_t)il * n_seqs);
-    g_rows = 0;
-    lle_unlock();
-    return rc;
+                            int n_seqs, const int *seq_rows, lle_kv *const *kv) {
+    return run_layers(layers, n_layer, x, n, pos, n_seqs, seq_rows, kv, 1);
 }
 
 int lle_stack_profile(int enable, double *out_ns, int n_out) {

@@ -108,23 +108,29 @@ typedef struct {
     float rope_ext_factor, rope_corr_lo, rope_corr_hi;
 } lle_layer;
 
+/* One layer's cache of one sequence (kvcache.LayerCache), described once and kept with it: the C stack
+ * claims this step's cells itself (LayerCache.reserve's rules), so no Python runs per layer. */
 typedef struct {
     void *k, *v;               /* cell 0 of this layer's K and V cells, [capacity][n_kv_head][head_dim] */
     void *k_d, *v_d;           /* q8_0 only: the f16 block scales, [capacity][n_kv_head][head_dim / 32] */
-    const int *pos;            /* the position of every cell, already set for this step's rows */
+    int *pos;                  /* the position of every cell (-1: empty); the step's rows are written here */
+    long long *cursor;         /* LayerCache's (used, head): cells [0, used) may hold data, head is written next */
+    int capacity, window, ring; /* a ring (sliding window) wraps around; window is only read for rings */
     int kv_type;               /* 0: f32 cells, 1: f16, 2: q8_0 (int8 values and f16 scales per 32) */
-    int cell_start, n_first;   /* rows [0, n_first) go to cells cell_start.., the others to cells 0.. */
-    int n_cells;               /* attention reads cells [0, n_cells) */
+    /* set by the call: rows [0, n_first) go to cells cell_start.., the others to cells 0..; attention
+     * reads cells [0, n_cells) */
+    int cell_start, n_first, n_cells;
 } lle_kv;
 
 /* Run layers [0, n_layer) over x [n, n_embd] in place. Rows of sequence s are
- * [seq_rows[s], seq_rows[s+1]); kv[il * n_seqs + s] is layer il's cache of sequence s. */
+ * [seq_rows[s], seq_rows[s+1]), at positions pos; kv[s][il] is layer il's cache of sequence s. The
+ * rows' cells are claimed in every layer first; -3 (nothing changed) when one does not have room. */
 int lle_decoder_layers(const lle_layer *layers, int n_layer, float *x, long long n, const int *pos,
-                       int n_seqs, const int *seq_rows, const lle_kv *kv);
+                       int n_seqs, const int *seq_rows, lle_kv *const *kv);
 /* The same with every row computed exactly as it would be alone (one-row products and attention:
  * see lle_matmul_rows), for speculative verification and batched decoding. */
 int lle_decoder_layers_rows(const lle_layer *layers, int n_layer, float *x, long long n, const int *pos,
-                            int n_seqs, const int *seq_rows, const lle_kv *kv);
+                            int n_seqs, const int *seq_rows, lle_kv *const *kv);
 /* Time the ops of lle_decoder_layers (enable 1) or stop (0). Copies the nanoseconds accumulated per
  * op kind since the last call into out_ns (norm, qkv, rope, kv_store, attention, out, add, gate_up,
  * glu, down; then the number of stack calls), resets them and returns the number of op kinds. */

@@ -73,3 +73,23 @@ def test_step_over_sequences_matches_each_alone(name: str, model_paths: dict[str
         for a, b in ((a_first, b_first[0]), (a_next, b_next[0])):
             assert int(np.argmax(a)) == int(np.argmax(b))
             assert np.max(np.abs(a - b)) < 0.05 * max(1.0, float(np.max(np.abs(a))))
+
+
+def test_fused_stack_refuses_rows_without_room_and_claims_nothing(model_paths: dict[str, Path]) -> None:
+    """The C stack claims every step's cells itself (no Python per layer); rows that do not fit raise
+    the message LayerCache.reserve gives, before any layer's cursor or positions change."""
+    m = Model(model_paths["smollm2"], backend="native", n_ctx=32)
+    net, eng = m.model, m.engine
+    cache = eng.new_cache()
+    ids = _ids(m, 28)
+    net.forward(Batch(np.array(ids), np.arange(28), cache, np.array([27])))
+    cache.tokens.extend(ids)
+    assert all(layer.used == layer.head == 28 for layer in cache.layers)
+    before = [(layer.cursor.copy(), layer.pos.copy()) for layer in cache.layers]
+    with pytest.raises(ValueError, match=r"KV cache full: 28 \+ 5 tokens > 32 cells"):
+        net.forward(Batch(np.array(ids[:5]), np.arange(28, 33), cache, np.array([4])))
+    for layer, (cursor, pos) in zip(cache.layers, before):
+        assert np.array_equal(layer.cursor, cursor) and np.array_equal(layer.pos, pos)
+    out = net.forward(Batch(np.array(ids[:4]), np.arange(28, 32), cache, np.array([3])))  # exactly fits
+    assert out.shape == (1, m.params.n_vocab)
+    assert all(layer.used == 32 and list(layer.pos[28:32]) == [28, 29, 30, 31] for layer in cache.layers)

@@ -375,7 +375,7 @@ class NativeBackend:
 
     def decoder_layers(self, model: Any, x: np.ndarray, step: Any) -> bool:
         """Run every layer of ``model`` (a :class:`llmedge.models.base.Decoder`) over the rows ``x``
-        of ``step`` in place, in one C call; the K/V cells are claimed here and written by C.
+        of ``step`` in place, in one C call, which also claims and writes the K/V cells.
 
         Returns False (nothing done) when the op-by-op path must run instead: a weight without a
         native kernel."""
@@ -388,23 +388,15 @@ class NativeBackend:
         if any(b.cache.kv_type not in _KV_TYPE_CODES or len(b.cache.layers) != plan.n_layer for b in batches):
             return False
         n_seqs, n_layer = len(batches), plan.n_layer
-        kv = ffi.new("lle_kv[]", n_layer * n_seqs)
-        specs = model.specs
-        for s, b in enumerate(batches):
-            positions = np.asarray(b.positions)
-            for il, layer in enumerate(b.cache.layers):
-                if layer.rope is None:
-                    layer.rope = cache_rope(specs[il], model.rope_ff)
-                start, first, used = layer.reserve(positions)
-                e = kv[il * n_seqs + s]
-                e.k, e.v, e.k_d, e.v_d, e.pos = _cells_ptrs(layer)
-                e.kv_type = _KV_TYPE_CODES[layer.kv_type]
-                e.cell_start, e.n_first, e.n_cells = start, first, used
+        kv = ffi.new("lle_kv *[]", [_kv_block(b.cache, model) for b in batches])
         pos = np.ascontiguousarray(step.positions, dtype=np.int32)
         rows = np.array([0] + [e for _, e in step.bounds], dtype=np.int32)
         layers_fn = lib.lle_decoder_layers_rows if step.row_exact else lib.lle_decoder_layers
         rc = layers_fn(plan.c, n_layer, _fptr(x), x.shape[0], ffi.from_buffer("int[]", pos), n_seqs,
                        ffi.from_buffer("int[]", rows), kv)
+        if rc == -3:  # a layer had no room for its rows; nothing was claimed
+            raise ValueError(next(why for b in batches for layer in b.cache.layers
+                                  if (why := layer.room_error(len(b.tokens)))))
         _check(rc, "decoder layers")
         return True
 
@@ -508,18 +500,32 @@ def stack_decline_reason(model: Any) -> str | None:
 _KV_TYPE_CODES = {"f32": 0, "f16": 1, "q8_0": 2}
 
 
-def _cells_ptrs(layer: Any) -> tuple[Any, ...]:
-    """C pointers to a layer cache's K cells, V cells, their q8_0 scales (NULL for float caches) and
-    positions (cached on the layer)."""
-    cached = getattr(layer, "_native_ptrs", None)
-    k, v = layer.k.arrays, layer.v.arrays
-    if cached is None or cached[0] is not k[0] or cached[1] is not v[0]:
-        scales = ((ffi.from_buffer("uint8_t[]", k[1]), ffi.from_buffer("uint8_t[]", v[1])) if len(k) > 1
-                  else (ffi.NULL, ffi.NULL))
-        cached = (k[0], v[0], ffi.from_buffer("uint8_t[]", k[0]), ffi.from_buffer("uint8_t[]", v[0]), *scales,
-                  ffi.from_buffer("int[]", layer.pos))
-        layer._native_ptrs = cached
-    return cached[2:]
+def _kv_block(cache: Any, model: Any) -> Any:
+    """The C descriptors (lle_kv) of every layer cache of sequence ``cache``, made once and kept on it
+    (the cells, positions and cursors they point at live as long as the cache): the C stack claims
+    each step's cells itself, so a step runs no Python per layer."""
+    held = cache.__dict__.get("_native_kv")
+    if held is not None and held[0] is cache.layers and len(held[1]) == len(cache.layers):
+        return held[1]
+    block = ffi.new("lle_kv[]", len(cache.layers))
+    keep: list[Any] = []
+    for il, layer in enumerate(cache.layers):
+        if layer.rope is None:
+            layer.rope = cache_rope(model.specs[il], model.rope_ff)
+        e = block[il]
+        k, v = layer.k.arrays, layer.v.arrays
+        ptrs = [ffi.from_buffer("uint8_t[]", k[0]), ffi.from_buffer("uint8_t[]", v[0]),
+                ffi.from_buffer("int[]", layer.pos), ffi.from_buffer("long long[]", layer.cursor)]
+        keep += ptrs
+        e.k, e.v, e.pos, e.cursor = ptrs
+        if len(k) > 1:  # q8_0: the block scales
+            e.k_d, e.v_d = ffi.from_buffer("uint8_t[]", k[1]), ffi.from_buffer("uint8_t[]", v[1])
+            keep += [e.k_d, e.v_d]
+        e.kv_type = _KV_TYPE_CODES[layer.kv_type]
+        e.capacity, e.ring = layer.capacity, int(layer.ring)
+        e.window = layer.window if layer.window is not None else 0
+    cache._native_kv = (cache.layers, block, keep)
+    return block
 
 
 def _base_ptr(a: np.ndarray) -> Any:
