@@ -128,6 +128,22 @@ class Job:
         with contextlib.suppress(RuntimeError):  # the loop closed during shutdown
             self.loop.call_soon_threadsafe(self.items.put_nowait, pair)
 
+    @staticmethod
+    def emit_all(items: list[tuple[Job, Any]]) -> None:
+        """``emit`` of several jobs' items with one wake-up per event loop, not one per item: a
+        batched step makes one item per sequence."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Job, Any]]] = {}
+        for job, item in items:
+            by_loop.setdefault(job.loop, []).append((job, item))
+        for loop, batch in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # the loop closed during shutdown
+                loop.call_soon_threadsafe(Job._deliver, batch)
+
+    @staticmethod
+    def _deliver(batch: list[tuple[Job, Any]]) -> None:
+        for job, item in batch:
+            job.items.put_nowait(("item", item))
+
     async def next(self) -> tuple[str, Any]:
         return await self.items.get()
 
@@ -432,11 +448,14 @@ class Scheduler:
                 group[0].loaded.held += max(0, anon_rss() - anon0)
             self.steps += 1
             self.sequence_steps += len(group)
+            texts: list[tuple[Job, Any]] = []
             for a, chunks in zip(group, outs):
                 for chunk in chunks:
                     a.out_ids.append(chunk.token)
                     if chunk.text:
-                        a.job.emit(chunk.text)
+                        texts.append((a.job, chunk.text))
+            Job.emit_all(texts)  # before any job's end below, which the loop then delivers after them
+            for a in group:
                 if a.gen.error is not None:
                     self._finish(a, a.gen.error)
                 elif a.gen.done:
