@@ -171,4 +171,6 @@ def print_timings(t) -> None:
             f"({100 * accepted / drafted if drafted else 0:.1f}%)",
             f"decode forwards:      {forwards} ({t.eval_count / forwards:.2f} tokens per forward)",
         ]
+        if extra.get("draft_model_dropped"):
+            lines.append("draft model:          dropped (its tokens cost too much to pay at any acceptance)")
     sys.stderr.write("\n".join(lines) + "\n")

@@ -235,6 +235,35 @@ def test_a_draft_model_that_costs_more_than_it_saves_is_turned_off() -> None:
     assert s.k == 0 and s.propose([0], 8) == []
 
 
+def test_a_draft_model_that_cannot_pay_at_any_acceptance_is_dropped_and_lookup_goes_on() -> None:
+    """A draft model whose tokens cost about a target step (the same model at a nearby precision)
+    is dropped after a few measured drafts, even though every draft was accepted: its probes would
+    keep its cache in step at a prefill's cost per token. Lookup, configured beside it, goes on with
+    its own costs; a draft model that pays at high acceptance stays."""
+    from llmedge.speculative import ModelDrafter
+
+    class Model(ModelDrafter):
+        def __init__(self) -> None:
+            pass
+
+        def propose(self, context: list[int], k: int) -> list[int]:
+            return [1] * k
+
+    def run(per_token: float) -> Speculation:
+        s = Speculation(SpecConfig(lookup=3, draft_max=8), cache=None)  # type: ignore[arg-type]
+        s.drafters = [Model(), *s.drafters]
+        s.record(0, 0, 0.010)
+        for _ in range(Speculation.MIN_VERIFIES):
+            s.record(4, 4, 0.010 + 4 * per_token)
+        return s
+
+    s = run(0.0095)  # every draft token costs 95% of a plain step: no length pays even at 98%
+    assert s.model_dropped and s.stats()["draft_model_dropped"] == 1
+    assert [type(d).__name__ for d in s.drafters] == ["LookupDrafter"] and s.k > 0 and s.c is None
+    kept = run(0.004)  # 40% of a step, all accepted: drafting pays
+    assert not kept.model_dropped and kept.k > 0 and len(kept.drafters) == 2
+
+
 def test_run_lookup_flag_without_a_value_uses_ngrams_of_three_and_reports_drafts(smollm2_path: Path) -> None:
     import os
     import subprocess
