@@ -277,9 +277,11 @@ void lle_test_add_cpu_features(int features);  /* self-test only */
 #define LLE_PK_Q41_M 32
 #define LLE_PK_Q41_QS 64
 #define LLE_PK_Q41_BLOCK (64 + 4 * 64)
-/* Q8_0, 16 rows per group (LLE_PK_INTERLEAVED only), read by every product (vec_dot's order); per
+/* Q8_0, 16 rows per group, read by every product (vec_dot's order). LLE_PK_INTERLEAVED (AVX-512), per
  * block: d[16] (f16) | qs[8][64]: for c < 8 the 4 bytes qs[4c ..] of each row l, plus 128 (XOR 0x80:
- * vpdpbusd's unsigned operand; the activation side subtracts 128 times its 4-byte sums) */
+ * vpdpbusd's unsigned operand; the activation side subtracts 128 times its 4-byte sums). LLE_PK_SPLIT8
+ * (AVX2): the halves' blocks one after the other (below), each half-block d[8] | qs[8][32], the bytes
+ * as they are (vpsignb takes their signs). */
 #define LLE_PK_Q80_D 0
 #define LLE_PK_Q80_QS 32
 #define LLE_PK_Q80_BLOCK (32 + 8 * 64)
@@ -292,6 +294,7 @@ void lle_test_add_cpu_features(int features);  /* self-test only */
 #define LLE_PK_INTERLEAVED 0
 #define LLE_PK_SPLIT8 1
 #define LLE_PK_Q41_HBLOCK (32 + 4 * 32)
+#define LLE_PK_Q80_HBLOCK (16 + 8 * 32)
 /* Q4_1 rows of more blocks than this (k > 32768) are not packed (a kernel keeps per-row block scales
  * on its stack) */
 #define LLE_PK_Q41_MAX_BLOCKS 1024

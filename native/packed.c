@@ -2,7 +2,7 @@
  * faster (16 rows side by side, so that one 512-bit register holds a few values of 16 rows and a
  * product needs no horizontal sums), and the registry that finds the copy of a weight by its
  * address. The layouts are defined in common.h; the kernels that read them live in the per-ISA
- * files (quants_avx512.c: Q4_K, Q6_K, Q4_1, Q8_0) and compute exactly the values of the unpacked kernels of their
+ * files (quants_avx512.c: Q4_K, Q6_K, Q4_1, Q8_0; packed_avx2.inc: Q4_1, Q8_0) and compute exactly the values of the unpacked kernels of their
  * slot (the same integers per block or quarter block, the same float operations in the same
  * order), so packing changes speed only.
  *
@@ -99,16 +99,31 @@ static void pack_q4_1(int layout, const void *w, size_t ws, int64_t m, int64_t k
             }
 }
 
-static void pack_q8_0(const void *w, size_t ws, int64_t m, int64_t k, void *dst) {
+static void pack_q8_0(int layout, const void *w, size_t ws, int64_t m, int64_t k, void *dst) {
     const int64_t nb = k / QK;
     uint8_t *o = dst;
+    if (layout == LLE_PK_SPLIT8) {
+        for (int64_t g = 0; g < m / LLE_PACK_ROWS; g++)
+            for (int h = 0; h < 2; h++)
+                for (int64_t b = 0; b < nb; b++, o += LLE_PK_Q80_HBLOCK)
+                    for (int l = 0; l < 8; l++) {
+                        const block_q8_0 *x = (const block_q8_0 *)((const uint8_t *)w + (size_t)(g * LLE_PACK_ROWS + 8 * h + l) * ws) + b;
+                        memcpy(o + 2 * l, &x->d, 2);
+                        for (int c = 0; c < 8; c++) memcpy(o + 16 + 32 * c + 4 * l, x->qs + 4 * c, 4);
+                    }
+        return;
+    }
     for (int64_t g = 0; g < m / LLE_PACK_ROWS; g++)
         for (int64_t b = 0; b < nb; b++, o += LLE_PK_Q80_BLOCK)
             for (int l = 0; l < LLE_PACK_ROWS; l++) {
                 const block_q8_0 *x = (const block_q8_0 *)((const uint8_t *)w + (size_t)(g * LLE_PACK_ROWS + l) * ws) + b;
                 memcpy(o + LLE_PK_Q80_D + 2 * l, &x->d, 2);
-                for (int c = 0; c < 8; c++)
-                    for (int i = 0; i < 4; i++) o[LLE_PK_Q80_QS + 64 * c + 4 * l + i] = (uint8_t)x->qs[4 * c + i] ^ 0x80;
+                for (int c = 0; c < 8; c++) {
+                    uint32_t v;
+                    memcpy(&v, x->qs + 4 * c, 4);
+                    v ^= 0x80808080u;
+                    memcpy(o + LLE_PK_Q80_QS + 64 * c + 4 * l, &v, 4);
+                }
             }
 }
 
@@ -126,7 +141,7 @@ void lle_pack_rows(int type, int layout, const void *w, size_t ws, int64_t m, in
     if (type == T_Q4_K) pack_q4_K(w, ws, m, k, dst);
     if (type == T_Q6_K) pack_q6_K(w, ws, m, k, dst);
     if (type == T_Q4_1) pack_q4_1(layout, w, ws, m, k, dst);
-    if (type == T_Q8_0) pack_q8_0(w, ws, m, k, dst);
+    if (type == T_Q8_0) pack_q8_0(layout, w, ws, m, k, dst);
 }
 
 /* ---------------------------------------------------------------- registry */

@@ -765,7 +765,8 @@ void lle_register_avx2(void) {
     t[T_Q5_0] = (lle_kernels){.vec_dot = vec_dot_q5_0, .gemv = gemv_q5_0, .tile = tile_q5_0};
     t[T_Q5_1] = (lle_kernels){.vec_dot = vec_dot_q5_1, .gemv = gemv_q5_1, .tile = tile_q5_1};
     t[T_Q8_0] = (lle_kernels){.from_float = quantize_q8_0, .vec_dot = vec_dot_q8_0, .gemv = gemv_q8_0,
-                              .gemv_rows = gemv_rows_q8_0, .tile = tile_q8_0};
+                              .gemv_rows = gemv_rows_q8_0, .tile = tile_q8_0, .packed = packed_q8_0,
+                              .packed_layout = LLE_PK_SPLIT8, .packed_prep = prep_q8_0_avx2, .packed_prep_bytes = 4};
     t[T_Q8_1] = (lle_kernels){.from_float = quantize_q8_1};
     t[T_Q8_K] = (lle_kernels){.from_float = quantize_q8_K, .from_float_r8 = quantize_q8_K_r8};
     t[T_Q2_K] = (lle_kernels){.vec_dot = vec_dot_q2_K, .vec_dot_tiled = vec_dot_q2_K_tiled};

@@ -12,10 +12,10 @@
  * 512-bit register (two activation rows of a prefill tile, in the two 256-bit halves), each half
  * performs exactly the AVX2 kernel's 8-lane operations.
  *
- * Q4_K, Q6_K and Q4_1 weights with a multiple of 16 rows also get a packed copy at load
+ * Q4_K, Q6_K, Q4_1 and Q8_0 weights with a multiple of 16 rows also get a packed copy at load
  * (native/packed.c): packed_q4_K serves decode and both repacked prefill orders, packed_q6_K the tiled
- * order (8+ rows), packed_q4_1 every Q4_1 product (one row, row-exact batches, prefill), from 16
- * interleaved rows.
+ * order (8+ rows), packed_q4_1 and packed_q8_0 every product of their type (one row, row-exact
+ * batches, prefill), from 16 interleaved rows.
  *
  * The same source is compiled a second time against SIMDe (LLE_AVX512_SIMDE, see
  * native/selftest_simde.c), into the self-test only, so that a CPU without AVX-512 checks this code

@@ -327,9 +327,10 @@ def test_batched_rows_equal_single_rows_bitwise(be: NativeBackend, isa: str, t: 
 
 
 def packed_here(t: T) -> bool:
-    """Whether the best tier here makes a packed copy of type ``t`` (AVX-512: Q4_K, Q6_K, Q4_1, Q8_0; AVX2: Q4_1)."""
+    """Whether the best tier here makes a packed copy of type ``t`` (AVX-512: Q4_K, Q6_K, Q4_1, Q8_0; AVX2:
+    Q4_1, Q8_0)."""
     isas = available_isas()
-    return "avx512" in isas if t != T.Q4_1 else "avx2" in isas
+    return "avx2" in isas if t in (T.Q4_1, T.Q8_0) else "avx512" in isas
 
 
 def unpacked_matmul(t: T, raw: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -348,7 +349,7 @@ def unpacked_matmul(t: T, raw: np.ndarray, x: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("t", [T.Q4_K, T.Q6_K, T.Q4_1, T.Q8_0], ids=lambda t: t.name)
 def test_packed_weights_give_the_unpacked_products_bitwise(be: NativeBackend, t: T) -> None:
     """On the AVX-512 tier a Q4_K, Q6_K, Q4_1 or Q8_0 weight with a multiple of 16 rows gets a packed
-    copy at prepare (16 rows interleaved, native/packed.c), on the AVX2 tier a Q4_1 weight; its products
+    copy at prepare (16 rows interleaved, native/packed.c), on the AVX2 tier a Q4_1 or Q8_0 weight; its products
     equal the unpacked ones of the AVX2 tier bit for bit (Q4_K: decode and both repacked prefill
     orders, 4-row groups then the n % 4 rows; Q6_K: the tiled order of 8+ rows; Q4_1 and Q8_0: their
     one order everywhere), and so do the row-exact batches (each row as the one-row product; the C self-test

@@ -7,7 +7,7 @@ and attention reproduce llama.cpp's CPU results bit for bit: same activation rou
 summation order in each of llama.cpp's code paths (ggml's vec_dot, llamafile's tinyBLAS, the tiled
 K-quant GEMM for 8+ rows, the repacked Q4_K GEMV/GEMM) and the same fused multiply-adds; see
 tests/test_native_kernels.py. Not yet reproduced: llama.cpp's repacked Q4_0 and IQ4_NL kernels.
-Where the selected tier has packed kernels for a type (AVX-512: Q4_K, Q6_K and Q4_1; AVX2: Q4_1; 16 rows interleaved), each
+Where the selected tier has packed kernels for a type (AVX-512: Q4_K, Q6_K, Q4_1 and Q8_0; AVX2: Q4_1 and Q8_0; 16 rows interleaved), each
 weight gets a packed copy in C at load (``NativeWeight._pack``), with the same results.
 
 The C library holds one process-wide thread pool and one kernel table chosen from CPUID
@@ -119,7 +119,7 @@ class NativeWeight:
 
     def _pack(self) -> None:
         """A packed copy in C for the selected kernel tier where it has packed kernels (AVX-512:
-        Q4_K, Q6_K, Q4_1, Q8_0; AVX2: Q4_1), found by address at every product and freed with this object; results
+        Q4_K, Q6_K, Q4_1, Q8_0; AVX2: Q4_1, Q8_0), found by address at every product and freed with this object; results
         unchanged. The file's pages under a packed weight leave the resident set as they are copied (the products read the
         copy), so a packed model costs no more memory than an unpacked one."""
         rc = lib.lle_pack_weight(self.ggml_type, self.ptr, self.row_bytes, self.m, self.k, in_file_mapping(self.data))
