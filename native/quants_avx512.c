@@ -588,20 +588,24 @@ LLE_INLINE void packed_q4_1_nr(const int NR, int k, const uint8_t *pw, const uin
     for (int r = 0; r < NR; r++) _mm512_storeu_ps(out + (size_t)r * ldo, _mm512_add_ps(hsum8_lanes(acc[r]), summs[r]));
 }
 
-/* `gemm` is unused (one order); each group against every activation row (at most 4), two at a time
- * (16 accumulators each pass), while the group is in L1 */
-static void packed_q4_1(int k, const void *pw, int ng, const void *a, size_t as, int nr, int gemm, float *out,
-                        size_t ldo) {
-    (void)gemm;
-    const size_t gbytes = (size_t)(k / QK) * LLE_PK_Q41_BLOCK;
-    for (int g = 0; g < ng; g++) {
-        const uint8_t *gw = (const uint8_t *)pw + (size_t)g * gbytes;
-        int r = 0;
-        for (; r + 2 <= nr; r += 2)
-            packed_q4_1_nr(2, k, gw, (const uint8_t *)a + (size_t)r * as, as, out + (size_t)r * ldo + LLE_PACK_ROWS * g, ldo);
-        if (r < nr) packed_q4_1_nr(1, k, gw, (const uint8_t *)a + (size_t)r * as, as, out + (size_t)r * ldo + LLE_PACK_ROWS * g, ldo);
+/* The packed kernel NAME of a one-order type (`gemm` unused) over NAME_nr: each group against every
+ * activation row (at most 4), two at a time (16 accumulators each pass), while the group is in L1 */
+#define PACKED_BY_PAIRS(NAME, BLOCK_BYTES)                                                                        \
+    static void NAME(int k, const void *pw, int ng, const void *a, size_t as, int nr, int gemm, float *out,     \
+                     size_t ldo) {                                                                             \
+        (void)gemm;                                                                                            \
+        const size_t gbytes = (size_t)(k / QK) * (BLOCK_BYTES);                                                \
+        for (int g = 0; g < ng; g++) {                                                                         \
+            const uint8_t *gw = (const uint8_t *)pw + (size_t)g * gbytes;                                      \
+            int r = 0;                                                                                         \
+            for (; r + 2 <= nr; r += 2)                                                                        \
+                NAME##_nr(2, k, gw, (const uint8_t *)a + (size_t)r * as, as, out + (size_t)r * ldo + LLE_PACK_ROWS * g, ldo); \
+            if (r < nr)                                                                                        \
+                NAME##_nr(1, k, gw, (const uint8_t *)a + (size_t)r * as, as, out + (size_t)r * ldo + LLE_PACK_ROWS * g, ldo); \
+        }                                                                                                      \
     }
-}
+
+PACKED_BY_PAIRS(packed_q4_1, LLE_PK_Q41_BLOCK)
 
 /* ---------------------------------------------------------------- Q8_0, packed 16 rows (native/packed.c) */
 /* vec_dot_q8_0's order (gemv_q8_0: acc = fma(dx * dy, dot, acc) over AVX2's 8 lanes of 4 products,
@@ -658,18 +662,7 @@ LLE_INLINE void packed_q8_0_nr(const int NR, int k, const uint8_t *pw, const uin
     for (int r = 0; r < NR; r++) _mm512_storeu_ps(out + (size_t)r * ldo, hsum8_lanes(acc[r]));
 }
 
-static void packed_q8_0(int k, const void *pw, int ng, const void *a, size_t as, int nr, int gemm, float *out,
-                        size_t ldo) {
-    (void)gemm;
-    const size_t gbytes = (size_t)(k / QK) * LLE_PK_Q80_BLOCK;
-    for (int g = 0; g < ng; g++) {
-        const uint8_t *gw = (const uint8_t *)pw + (size_t)g * gbytes;
-        int r = 0;
-        for (; r + 2 <= nr; r += 2)
-            packed_q8_0_nr(2, k, gw, (const uint8_t *)a + (size_t)r * as, as, out + (size_t)r * ldo + LLE_PACK_ROWS * g, ldo);
-        if (r < nr) packed_q8_0_nr(1, k, gw, (const uint8_t *)a + (size_t)r * as, as, out + (size_t)r * ldo + LLE_PACK_ROWS * g, ldo);
-    }
-}
+PACKED_BY_PAIRS(packed_q8_0, LLE_PK_Q80_BLOCK)
 
 /* ---------------------------------------------------------------- Q6_K */
 /* Per 128 values j of a block: A = [q4_0 | q4_1] and B = [q4_2 | q4_3] in AVX2's names (6-bit
