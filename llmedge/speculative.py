@@ -198,17 +198,21 @@ class Speculation:
     costs ``t1``, one with n draft tokens ``t1 + c * n`` (drafting and the verify rows), and each draft
     token is accepted with probability ``a`` (accepted over accepted plus rejections), so a draft of k
     yields (1 - a^(k+1)) / (1 - a) tokens on average. k is the length with the best expected rate
-    (0: plain decoding, then re-probed with a short draft every ``PROBE_EVERY`` steps), so
-    speculation turns itself off where its verify rows cost more than they save.
+    (0: plain decoding, then re-probed with a short draft every ``PROBE_EVERY`` steps; with a draft
+    model, whose probes each catch its cache up, the interval doubles after every probe of it that
+    leaves k at 0, up to ``PROBE_MAX``), so speculation turns itself off where its verify rows cost
+    more than they save.
 
     A draft model whose tokens cost so much that no draft length pays even at ``A_MAX`` acceptance
     (the same model at a nearby precision: a Q4_1 draft of a Q8_0 target costs about a target step per
-    token) is dropped for the rest of the generation once ``MIN_VERIFIES`` drafts measured it: its
-    probes would keep its cache in step with every token at a prefill's cost (measured 14% slower than
-    plain decoding on SmolLM2 Q8_0 with its Q4_1 draft). Acceptance depends on the text; that cost
-    ratio does not. Other drafters (lookup) go on, their costs measured anew."""
+    token) is dropped for the rest of the generation once ``MIN_VERIFIES`` drafts of two tokens or more
+    on average measured it (a one-token draft's cost is mostly fixed: the draft's catch-up, the verify
+    forward): its probes would keep its cache in step with every token at a prefill's cost (measured
+    14% slower than plain decoding on SmolLM2 Q8_0 with its Q4_1 draft). Acceptance depends on the
+    text; that cost ratio does not. Other drafters (lookup) go on, their costs measured anew."""
 
     PROBE_EVERY = 16
+    PROBE_MAX = 128
     A_MAX = 0.98
     MIN_VERIFIES = 3
 
@@ -229,6 +233,9 @@ class Speculation:
         self.t1: float | None = None  # seconds of a step without a draft (EMA)
         self.c: float | None = None  # seconds per draft token in a step with a draft (EMA)
         self.since_probe = 0
+        self.probe_every = self.PROBE_EVERY
+        self.probing = False  # the draft being verified is a probe
+        self.last_drafter: Any = None  # the drafter that made it
         self.model_dropped = False
 
     def propose(self, context: list[int], room: int) -> list[int]:
@@ -240,15 +247,17 @@ class Speculation:
             return []
         if self.k == 0:
             self.since_probe += 1
-            if self.since_probe < self.PROBE_EVERY:
+            if self.since_probe < self.probe_every:
                 return []
             self.since_probe = 0
+            self.probing = True
             k = min(2, room, self.config.draft_max)
         if k <= 0 or k < self.config.draft_min:
             return []
         for d in self.drafters:
             draft = d.propose(context, k)
             if len(draft) >= max(1, self.config.draft_min):
+                self.last_drafter = d
                 return draft
         return []
 
@@ -274,7 +283,12 @@ class Speculation:
             per = max(0.0, seconds - self.t1) / n_draft
             self.c = per if self.c is None else 0.7 * self.c + 0.3 * per
         self.k = self._best_k(n_draft, n_accepted)
+        if self.probing:
+            self.probing = False
+            backoff = self.k == 0 and isinstance(self.last_drafter, ModelDrafter)
+            self.probe_every = min(self.PROBE_MAX, 2 * self.probe_every) if backoff else self.PROBE_EVERY
         if (self.k == 0 and self.c is not None and self.verifies >= self.MIN_VERIFIES
+                and self.drafted >= 2 * self.verifies  # one-token drafts price their fixed costs per token
                 and any(isinstance(d, ModelDrafter) for d in self.drafters)
                 and self._best_k(n_draft, n_accepted, self.A_MAX) == 0):
             self.drafters = [d for d in self.drafters if not isinstance(d, ModelDrafter)]

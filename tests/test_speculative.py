@@ -262,6 +262,20 @@ def test_a_draft_model_that_cannot_pay_at_any_acceptance_is_dropped_and_lookup_g
     assert [type(d).__name__ for d in s.drafters] == ["LookupDrafter"] and s.k > 0 and s.c is None
     kept = run(0.004)  # 40% of a step, all accepted: drafting pays
     assert not kept.model_dropped and kept.k > 0 and len(kept.drafters) == 2
+    short = Speculation(SpecConfig(lookup=3, draft_max=8), cache=None)  # type: ignore[arg-type]
+    short.drafters = [Model(), *short.drafters]
+    short.record(0, 0, 0.010)
+    for _ in range(2 * Speculation.MIN_VERIFIES):
+        short.record(1, 1, 0.010 + 0.0095)  # one-token drafts: their cost is mostly fixed, not per token
+    assert short.k == 0 and not short.model_dropped
+    waits = []  # probes of the model drafter that leave k at 0 come ever less often
+    for _ in range(4):
+        steps = 1
+        while not short.propose([0], 8):
+            steps += 1
+        waits.append(steps)
+        short.record(1, 1, 0.010 + 0.0095)
+    assert waits == [16, 32, 64, 128] and short.k == 0
 
 
 def test_run_lookup_flag_without_a_value_uses_ngrams_of_three_and_reports_drafts(smollm2_path: Path) -> None:
