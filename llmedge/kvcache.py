@@ -20,6 +20,8 @@ into a scratch buffer shared by the layers of the sequence (the attention kernel
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -86,10 +88,15 @@ def dequantize_q8_0(qs: np.ndarray, d: np.ndarray, out: np.ndarray | None = None
 
 # -- storage -----------------------------------------------------------------------------------------
 class Arena:
-    """One zeroed allocation carved into aligned views (pages are committed as they are written)."""
+    """One zeroed allocation carved into aligned views (pages are committed as they are written).
+
+    The memory is an anonymous mapping with transparent huge pages declined: NumPy asks for huge pages
+    on large arrays, and then the first write into each layer's cells (its positions set to -1 at
+    creation, a token's K/V row) zeroes a whole 2 MB page, so a fresh 4096-cell SmolLM2 cache cost
+    164 ms, most of a model load, instead of the few pages a short chat writes."""
 
     def __init__(self, nbytes: int) -> None:
-        self.buffer = np.zeros(max(nbytes, 1), dtype=np.uint8)
+        self.buffer = _anonymous_zeros(max(nbytes, 1))
         self.nbytes = nbytes
         self._used = 0
 
@@ -106,6 +113,18 @@ class Arena:
         view = self.buffer[self._used : self._used + n].view(dt).reshape(shape)
         self._used += self.size(shape, dt)
         return view
+
+
+def _anonymous_zeros(nbytes: int) -> np.ndarray:
+    """``nbytes`` zero bytes from an anonymous mapping, small pages only where the OS allows the choice."""
+    try:
+        mem = mmap.mmap(-1, nbytes)
+    except (OSError, ValueError):
+        return np.zeros(nbytes, dtype=np.uint8)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        with contextlib.suppress(OSError):
+            mem.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(mem, dtype=np.uint8)
 
 
 def _zeros(shape: tuple[int, ...], dtype: Any) -> np.ndarray:

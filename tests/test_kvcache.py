@@ -272,3 +272,33 @@ def test_gemma3_at_32k_context_holds_at_most_120_mb_of_f16_kv(gemma3_path: Path)
     assert reported <= 120 * 2**20, reported
     assert out["nbytes"] == reported
     assert 0.9 * reported <= grown <= 120 * 2**20 + 8 * 2**20, (grown, reported)
+
+
+def test_a_cache_arena_commits_only_the_pages_written() -> None:
+    """A cache arena is lazily zeroed memory in small pages: a few scattered writes (each layer's
+    positions at creation, a token's K/V rows) commit a few 4 KB pages, not a 2 MB huge page each
+    (NumPy asks for huge pages on large arrays: a fresh 4096-cell SmolLM2 cache took 164 ms)."""
+    import sys
+
+    from llmedge.kvcache import Arena
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("/proc/self/smaps is Linux's")
+    arena = Arena(64 << 20)
+    buf = arena.buffer
+    for at in range(0, 64 << 20, 8 << 20):  # 8 writes, 8 MB apart
+        buf[at] = 1
+    lo_buf, hi_buf = buf.ctypes.data, buf.ctypes.data + buf.nbytes
+    rss_kb, seen, inside = 0, False, False
+    with open("/proc/self/smaps") as f:  # the resident KB of every mapping over the buffer
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo < hi_buf and hi > lo_buf
+                seen |= inside
+            elif inside and head == "Rss:":
+                rss_kb += int(line.split()[1])
+    assert seen, "the arena's mapping is not in /proc/self/smaps"
+    assert rss_kb <= 8 * 64, f"8 scattered writes committed {rss_kb} KB"
+    assert int(buf.sum(dtype=np.int64)) == 8  # zeroed everywhere else
