@@ -116,9 +116,12 @@ class Arena:
 
 
 def _anonymous_zeros(nbytes: int) -> np.ndarray:
-    """``nbytes`` zero bytes from an anonymous mapping, small pages only where the OS allows the choice."""
+    """``nbytes`` zero bytes from a private anonymous mapping (a read of an unwritten page maps the shared
+    zero page; a shared mapping would commit it), small pages only where the OS allows the choice."""
+    if not hasattr(mmap, "MAP_PRIVATE") or not hasattr(mmap, "MAP_ANONYMOUS"):
+        return np.zeros(nbytes, dtype=np.uint8)
     try:
-        mem = mmap.mmap(-1, nbytes)
+        mem = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     except (OSError, ValueError):
         return np.zeros(nbytes, dtype=np.uint8)
     if hasattr(mmap, "MADV_NOHUGEPAGE"):
