@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import skip_or_fail
 from llmedge.backends.numpy_ref import NumpyBackend
 from llmedge.errors import LlmedgeError
 from llmedge.kvcache import (
@@ -283,7 +284,7 @@ def test_a_cache_arena_commits_only_the_pages_written() -> None:
     from llmedge.kvcache import Arena
 
     if not sys.platform.startswith("linux"):
-        pytest.skip("/proc/self/smaps is Linux's")
+        skip_or_fail("/proc/self/smaps is Linux's")
     arena = Arena(64 << 20)
     buf = arena.buffer
     for at in range(0, 64 << 20, 8 << 20):  # 8 writes, 8 MB apart

@@ -395,8 +395,8 @@ class NativeBackend:
         rc = layers_fn(plan.c, n_layer, _fptr(x), x.shape[0], ffi.from_buffer("int[]", pos), n_seqs,
                        ffi.from_buffer("int[]", rows), kv)
         if rc == -3:  # a layer had no room for its rows; nothing was claimed
-            raise ValueError(next(why for b in batches for layer in b.cache.layers
-                                  if (why := layer.room_error(len(b.tokens)))))
+            raise ValueError(next((why for b in batches for layer in b.cache.layers
+                                   if (why := layer.room_error(len(b.tokens)))), "KV cache full"))
         _check(rc, "decoder layers")
         return True
 
@@ -519,8 +519,9 @@ def _kv_block(cache: Any, model: Any) -> Any:
         keep += ptrs
         e.k, e.v, e.pos, e.cursor = ptrs
         if len(k) > 1:  # q8_0: the block scales
-            e.k_d, e.v_d = ffi.from_buffer("uint8_t[]", k[1]), ffi.from_buffer("uint8_t[]", v[1])
-            keep += [e.k_d, e.v_d]
+            scales = [ffi.from_buffer("uint8_t[]", k[1]), ffi.from_buffer("uint8_t[]", v[1])]
+            keep += scales
+            e.k_d, e.v_d = scales
         e.kv_type = _KV_TYPE_CODES[layer.kv_type]
         e.capacity, e.ring = layer.capacity, int(layer.ring)
         e.window = layer.window if layer.window is not None else 0
