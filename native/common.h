@@ -346,6 +346,8 @@ typedef struct {
     /* attention of query row i, heads h0 .. h0 + nh - 1 of one KV head (nh <= LLE_ATTN_GROUP), each
      * exactly as attn_row; scratch: nh attn_row scratches `per` floats apart. NULL: head by head */
     void (*attn_group)(const lle_attn_args *a, int64_t i, int64_t h0, int nh, float *scratch, int64_t per);
+    /* y[i] = x[i] rounded to half, to nearest even (lle_fp32_to_fp16's values; the K/V cache writes) */
+    void (*f32_to_f16)(int64_t n, const float *x, lle_half *y);
 } lle_op_kernels;
 
 extern lle_op_kernels lle_ops_scalar;

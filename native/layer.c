@@ -83,8 +83,7 @@ static void store_rows(void *cells, void *scales, int type, const float *src, in
         const int cell = r < n_first ? cell_start + r : r - n_first;
         const float *s = src + (size_t)r * row_floats;
         if (type == KV_F16) {
-            lle_half *d = (lle_half *)cells + (size_t)cell * row_floats;
-            for (int i = 0; i < row_floats; i++) d[i] = lle_fp32_to_fp16(s[i]);
+            lle_ops->f32_to_f16(row_floats, s, (lle_half *)cells + (size_t)cell * row_floats);
         } else if (type == KV_F32) {
             memcpy((float *)cells + (size_t)cell * row_floats, s, (size_t)row_floats * sizeof(float));
         } else {

@@ -6,6 +6,7 @@
  */
 #include "common.h"
 
+#include <limits.h>
 #include <stdlib.h>
 
 lle_half lle_gelu_table[65536];
@@ -107,8 +108,12 @@ static void f16_to_f32_scalar(int64_t n, const lle_half *x, float *y) {
     for (int64_t i = 0; i < n; i++) y[i] = FP16(x[i]);
 }
 
+static void f32_to_f16_scalar(int64_t n, const float *x, lle_half *y) {
+    for (int64_t i = 0; i < n; i++) y[i] = lle_fp32_to_fp16(x[i]);
+}
+
 lle_op_kernels lle_ops_scalar = {swiglu_scalar, geglu_scalar, softmax_exp_scalar, rope_head_scalar, attn_row_scalar,
-                                 f16_to_f32_scalar};
+                                 f16_to_f32_scalar, NULL, f32_to_f16_scalar};
 
 void lle_build_gelu_table(void) {
     const float GELU_COEF_A = 0.044715f;
@@ -156,19 +161,43 @@ static void parallel_rows(row_fn fn, void *ctx, int64_t n_rows, int64_t work_per
 
 typedef struct { const float *x, *w; int64_t d; float eps; float *out; } rms_ctx;
 
+/* ggml's sum of squares (each square in float, summed in double, in order) of up to 4 rows at once:
+ * each row's sum is a chain of dependent adds, so interleaving rows runs them side by side */
+LLE_INLINE void sum_squares(const float *x, int64_t stride, int nr, int64_t d, double *sum) {
+    if (nr == 4) {
+        double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+        for (int64_t i = 0; i < d; i++) {
+            s0 += (double)(x[i] * x[i]);
+            s1 += (double)(x[stride + i] * x[stride + i]);
+            s2 += (double)(x[2 * stride + i] * x[2 * stride + i]);
+            s3 += (double)(x[3 * stride + i] * x[3 * stride + i]);
+        }
+        sum[0] = s0; sum[1] = s1; sum[2] = s2; sum[3] = s3;
+        return;
+    }
+    for (int q = 0; q < nr; q++) {
+        double s = 0.0;
+        for (int64_t i = 0; i < d; i++) s += (double)(x[q * stride + i] * x[q * stride + i]);
+        sum[q] = s;
+    }
+}
+
 static void rms_rows(void *vctx, int64_t r0, int64_t r1) {
     const rms_ctx *c = vctx;
-    for (int64_t r = r0; r < r1; r++) {
-        const float *x = c->x + r * c->d;
-        float *y = c->out + r * c->d;
-        double sum = 0.0;
-        for (int64_t i = 0; i < c->d; i++) sum += (double)(x[i] * x[i]);
-        const float mean = (float)(sum / c->d);
-        const float scale = 1.0f / sqrtf(mean + c->eps);
-        if (c->w) {
-            for (int64_t i = 0; i < c->d; i++) y[i] = (x[i] * scale) * c->w[i];
-        } else {
-            for (int64_t i = 0; i < c->d; i++) y[i] = x[i] * scale;
+    for (int64_t r = r0; r < r1; r += 4) {
+        const int nr = r1 - r < 4 ? (int)(r1 - r) : 4;
+        double sum[4];
+        sum_squares(c->x + r * c->d, c->d, nr, c->d, sum);
+        for (int q = 0; q < nr; q++) {
+            const float *x = c->x + (r + q) * c->d;
+            float *y = c->out + (r + q) * c->d;
+            const float mean = (float)(sum[q] / c->d);
+            const float scale = 1.0f / sqrtf(mean + c->eps);
+            if (c->w) {
+                for (int64_t i = 0; i < c->d; i++) y[i] = (x[i] * scale) * c->w[i];
+            } else {
+                for (int64_t i = 0; i < c->d; i++) y[i] = x[i] * scale;
+            }
         }
     }
 }
@@ -189,40 +218,102 @@ int lle_rms_norm(const float *x, const float *w, long long n, long long d, float
 
 /* ---------------------------------------------------------------- rope */
 
+/* ggml_rope_cache_init's table of one position: cos and sin (times mscale) of each rotated pair's
+ * angle, the angle advancing by repeated multiplication */
 typedef struct {
-    const float *x; const int *pos; int64_t n_head, head_dim; int n_rot;
-    float freq_scale, theta_scale; int neox; const float *freq_factors; float mscale;
-    float ext_factor, corr_lo, corr_hi; float *out;
+    int n_rot; float freq_scale, theta_scale, mscale, ext_factor, corr_lo, corr_hi;
+    const float *freq_factors;
+} rope_params;
+
+static void rope_cache_row(const rope_params *p, int pos, float *cache) {
+    float theta = (float)pos;
+    for (int i0 = 0; i0 < p->n_rot; i0 += 2) {
+        const float ff = p->freq_factors ? p->freq_factors[i0 / 2] : 1.0f;
+        const float extrap = theta / ff;
+        float th = p->freq_scale * extrap;
+        if (p->ext_factor != 0.0f) {
+            /* ggml rope_yarn: ramp from the extrapolated to the interpolated angle over pairs
+             * [corr_lo, corr_hi] (mscale's YaRN factor is already folded into p->mscale) */
+            const float y = ((float)(i0 / 2) - p->corr_lo) / fmaxf(0.001f, p->corr_hi - p->corr_lo);
+            const float mix = (1.0f - fminf(1.0f, fmaxf(0.0f, y))) * p->ext_factor;
+            th = th * (1.0f - mix) + extrap * mix;
+        }
+        cache[i0 + 0] = cosf(th) * p->mscale;  /* ggml rope_yarn: attn_factor scales cos and sin */
+        cache[i0 + 1] = sinf(th) * p->mscale;
+        theta *= p->theta_scale;
+    }
+}
+
+/* The tables of a call's rows. A decode step ropes the same positions with the same parameters twice
+ * per layer (q, k) in every layer, so the last tables are kept, per parameter set (two: Gemma's local
+ * and global layers differ) and reused when a call's positions are the same: the same values, 2 n_rot
+ * sines and cosines per row once per step instead of per call. Callers hold the lock (lle_lock). */
+enum { ROPE_MEMO_SLOTS = 2 };
+static struct rope_memo {
+    rope_params p; float *factors;  /* p.freq_factors points to the memo's copy of them */
+    int n; int *pos; float *table; size_t cap; unsigned long long used;
+} g_rope_memo[ROPE_MEMO_SLOTS];
+static unsigned long long g_rope_clock;
+
+static int rope_params_equal(const struct rope_memo *m, const rope_params *p) {
+    if (m->p.n_rot != p->n_rot || m->p.freq_scale != p->freq_scale || m->p.theta_scale != p->theta_scale ||
+        m->p.mscale != p->mscale || m->p.ext_factor != p->ext_factor || m->p.corr_lo != p->corr_lo ||
+        m->p.corr_hi != p->corr_hi || !m->p.freq_factors != !p->freq_factors)
+        return 0;
+    return !p->freq_factors || memcmp(m->factors, p->freq_factors, (size_t)(p->n_rot / 2) * sizeof(float)) == 0;
+}
+
+static const float *rope_tables(const rope_params *p, const int *pos, int64_t n) {
+    struct rope_memo *m = NULL, *oldest = &g_rope_memo[0];
+    for (int i = 0; i < ROPE_MEMO_SLOTS; i++) {
+        struct rope_memo *e = &g_rope_memo[i];
+        if (e->table && rope_params_equal(e, p)) m = e;
+        if (e->used < oldest->used) oldest = e;
+    }
+    if (m && m->n == n && memcmp(m->pos, pos, (size_t)n * sizeof(int)) == 0) {
+        m->used = ++g_rope_clock;
+        return m->table;
+    }
+    if (!m) m = oldest;
+    const size_t want = (size_t)n * (size_t)p->n_rot;
+    if (want > m->cap || !m->table) {
+        float *t = malloc((want ? want : 1) * sizeof(float));
+        int *q = malloc((size_t)(n ? n : 1) * sizeof(int));
+        float *f = malloc(1024 * sizeof(float));
+        if (!t || !q || !f) {
+            free(t); free(q); free(f);
+            return NULL;
+        }
+        free(m->table); free(m->pos); free(m->factors);
+        m->table = t; m->pos = q; m->factors = f; m->cap = want;
+    }
+    m->p = *p;
+    if (p->freq_factors) {
+        memcpy(m->factors, p->freq_factors, (size_t)(p->n_rot / 2) * sizeof(float));
+        m->p.freq_factors = m->factors;
+    }
+    m->n = 0;  /* invalid until filled */
+    for (int64_t r = 0; r < n; r++) rope_cache_row(p, pos[r], m->table + (size_t)r * p->n_rot);
+    memcpy(m->pos, pos, (size_t)n * sizeof(int));
+    m->n = (int)n;
+    m->used = ++g_rope_clock;
+    return m->table;
+}
+
+typedef struct {
+    const float *x; int64_t n_head, head_dim; int n_rot, neox; const float *tables; float *out;
 } rope_ctx;
 
 static void rope_rows(void *vctx, int64_t r0, int64_t r1) {
     const rope_ctx *c = vctx;
-    float cache[2048];
-    const int n_rot = c->n_rot;
     for (int64_t r = r0; r < r1; r++) {
-        /* ggml_rope_cache_init: theta advances by repeated multiplication */
-        float theta = (float)c->pos[r];
-        for (int i0 = 0; i0 < n_rot; i0 += 2) {
-            const float ff = c->freq_factors ? c->freq_factors[i0 / 2] : 1.0f;
-            const float extrap = theta / ff;
-            float th = c->freq_scale * extrap;
-            if (c->ext_factor != 0.0f) {
-                /* ggml rope_yarn: ramp from the extrapolated to the interpolated angle over pairs
-                 * [corr_lo, corr_hi] (mscale's YaRN factor is already folded into c->mscale) */
-                const float y = ((float)(i0 / 2) - c->corr_lo) / fmaxf(0.001f, c->corr_hi - c->corr_lo);
-                const float mix = (1.0f - fminf(1.0f, fmaxf(0.0f, y))) * c->ext_factor;
-                th = th * (1.0f - mix) + extrap * mix;
-            }
-            cache[i0 + 0] = cosf(th) * c->mscale;  /* ggml rope_yarn: attn_factor scales cos and sin */
-            cache[i0 + 1] = sinf(th) * c->mscale;
-            theta *= c->theta_scale;
-        }
+        const float *cache = c->tables + (size_t)r * c->n_rot;
         for (int64_t h = 0; h < c->n_head; h++) {
             const float *src = c->x + (r * c->n_head + h) * c->head_dim;
             float *dst = c->out + (r * c->n_head + h) * c->head_dim;
-            lle_ops->rope_head(src, dst, cache, n_rot, c->neox);
+            lle_ops->rope_head(src, dst, cache, c->n_rot, c->neox);
             if (dst != src)
-                for (int64_t i = n_rot; i < c->head_dim; i++) dst[i] = src[i];
+                for (int64_t i = c->n_rot; i < c->head_dim; i++) dst[i] = src[i];
         }
     }
 }
@@ -230,9 +321,12 @@ static void rope_rows(void *vctx, int64_t r0, int64_t r1) {
 int lle_rope_impl(const float *x, const int *pos, long long n, long long n_head, long long head_dim,
              int n_rot, float freq_base, float freq_scale, int neox, const float *freq_factors,
              float attn_factor, float ext_factor, float corr_lo, float corr_hi, float *out) {
-    if (n_rot > head_dim || n_rot % 2 != 0 || n_rot > 2048) return -1;
-    rope_ctx c = {x, pos, n_head, head_dim, n_rot, freq_scale, powf(freq_base, -2.0f / n_rot), neox,
-                  freq_factors, attn_factor, ext_factor, corr_lo, corr_hi, out};
+    if (n_rot > head_dim || n_rot % 2 != 0 || n_rot > 2048 || n < 0 || n > INT_MAX) return -1;
+    const rope_params p = {n_rot, freq_scale, powf(freq_base, -2.0f / n_rot), attn_factor, ext_factor, corr_lo,
+                           corr_hi, freq_factors};
+    const float *tables = rope_tables(&p, pos, n);
+    if (!tables) return -2;
+    rope_ctx c = {x, n_head, head_dim, n_rot, neox, tables, out};
     parallel_rows(rope_rows, &c, n, n_head * head_dim * 8);
     return 0;
 }

@@ -806,7 +806,15 @@ static void f16_to_f32(int64_t n, const lle_half *x, float *y) {
     for (; i < n; i++) y[i] = _cvtsh_ss(x[i]);
 }
 
-lle_op_kernels LLE_OPS_TABLE = {swiglu, geglu, softmax_exp, rope_head, attn_row, f16_to_f32, ATTN_GROUP};
+/* F16C rounds to nearest even, as lle_fp32_to_fp16 (NaNs stay NaNs, their payload bits may differ) */
+static void f32_to_f16(int64_t n, const float *x, lle_half *y) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(y + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) y[i] = lle_fp32_to_fp16(x[i]);
+}
+
+lle_op_kernels LLE_OPS_TABLE = {swiglu, geglu, softmax_exp, rope_head, attn_row, f16_to_f32, ATTN_GROUP, f32_to_f16};
 
 #if defined(__clang__)
 #pragma clang attribute pop

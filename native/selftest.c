@@ -323,6 +323,26 @@ static void test_ops(int isa) {
     }
 }
 
+/* the K/V cache's float -> half conversion of an ISA against lle_fp32_to_fp16, bit for bit: values
+ * exactly halfway between two halves (ties to even), half's subnormals and their halfway points,
+ * overflow to infinity, infinities, signed zeros; n = 37 leaves a tail after the 8-wide loop */
+static void test_f32_to_f16(int isa) {
+    enum { N = 37 };
+    float x[N];
+    lle_half got[N];
+    const float special[] = {0.0f, -0.0f, 1.0f + 0x1.0p-11f, 1.0f + 3 * 0x1.0p-11f, 0x1.0p-24f, 0x1.8p-24f,
+                             0x1.0p-25f, 0x1.0p-26f, 65504.0f, 65520.0f, -65520.0f, 1e9f, INFINITY, -INFINITY,
+                             0x1.ffcp-15f, -0x1.0p-14f};
+    const int ns = (int)(sizeof(special) / sizeof(special[0]));
+    for (int rep = 0; rep < 64; rep++) {
+        for (int i = 0; i < N; i++) x[i] = i < ns && rep == 0 ? special[i] : rndf() * (float)(1 << (rep % 20));
+        lle_set_isa(isa);
+        lle_ops->f32_to_f16(N, x, got);
+        for (int i = 0; i < N; i++)
+            CHECK(got[i] == lle_fp32_to_fp16(x[i]), "f32_to_f16(%.9g): %04x vs %04x", x[i], got[i], lle_fp32_to_fp16(x[i]));
+    }
+}
+
 /* attention on an ISA that promises another's order (AVX-512 of AVX2), bit for bit: one query row
  * (ggml's order) and several (tinyBLAS's; f16 caches then read as f32 copies), f16 and f32 caches,
  * head sizes with every V-sum path (64: full 64-value slices, 40: a partial one, 36: d % 8 != 0),
@@ -448,6 +468,7 @@ int main(void) {
         test_types(isa);
         test_rows(isa);
         test_ops(isa);
+        test_f32_to_f16(isa);
         test_attention_groups(isa);
         tested++;
     }

@@ -638,6 +638,40 @@ def test_rope(be: NativeBackend, isa: str, neox: bool) -> None:
     assert np.array_equal(inplace, be.rope(x, pos, n_rot, 10000.0, 1.0, neox))
 
 
+def test_rope_reuses_a_table_only_for_the_same_positions_and_parameters(be: NativeBackend, isa: str) -> None:
+    """The native rope keeps its last cos/sin tables (a decode step ropes the same positions with the same
+    parameters in every layer): three parameter sets in turn (more than it keeps), changed positions,
+    and frequency factors changed in place at the same address must each get their own angles, and a
+    repeated call the first call's values bit for bit."""
+    rng = np.random.default_rng(23)
+    n, heads, hd, n_rot = 4, 2, 32, 32
+    x = rng.standard_normal((n, heads, hd)).astype(np.float32)
+    ff = rng.uniform(1.0, 4.0, n_rot // 2).astype(np.float32)
+
+    def ref(pos: np.ndarray, base: float, scale: float, factors: np.ndarray | None) -> np.ndarray:
+        theta = ggml_rope_theta(pos, n_rot, base, scale, factors)[:, None, :]
+        a, b = x.astype(np.float64)[..., 0::2], x.astype(np.float64)[..., 1::2]
+        out = np.empty(x.shape)
+        out[..., 0::2], out[..., 1::2] = a * np.cos(theta) - b * np.sin(theta), a * np.sin(theta) + b * np.cos(theta)
+        return out
+
+    pos = np.array([5, 6, 90, 91], dtype=np.int32)
+    sets = [(10000.0, 1.0, None), (500000.0, 0.5, None), (10000.0, 1.0, ff)]
+    first = {}
+    for _ in range(2):
+        for i, (base, scale, factors) in enumerate(sets):
+            out = be.rope(x, pos, n_rot, base, scale, False, freq_factors=factors)
+            np.testing.assert_allclose(out, ref(pos, base, scale, factors), rtol=0, atol=2e-6 * np.abs(x).max())
+            assert np.array_equal(out, first.setdefault(i, out))
+    moved = pos.copy()
+    moved[2] += 1
+    out = be.rope(x, moved, n_rot, 10000.0, 1.0, False, freq_factors=ff)
+    np.testing.assert_allclose(out, ref(moved, 10000.0, 1.0, ff), rtol=0, atol=2e-6 * np.abs(x).max())
+    ff[3] *= 2
+    out = be.rope(x, moved, n_rot, 10000.0, 1.0, False, freq_factors=ff)
+    np.testing.assert_allclose(out, ref(moved, 10000.0, 1.0, ff), rtol=0, atol=2e-6 * np.abs(x).max())
+
+
 def test_softmax(be: NativeBackend, isa: str) -> None:
     rng = np.random.default_rng(22)
     x = (rng.standard_normal((4, 333)) * 10).astype(np.float32)
