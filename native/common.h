@@ -306,6 +306,7 @@ void lle_pack_rows(int type, int layout, const void *w, size_t ws, int64_t m, in
 int lle_packed_add(int type, int layout, const void *w, size_t ws, int64_t m, int64_t k, int release_source);
 void lle_packed_remove(const void *w);
 int lle_packed_entries(void);
+int lle_packed_row(int type, const void *w, size_t ws, int64_t k, int64_t row, void *dst);
 
 /* ---- float op kernels (per ISA) ---- */
 

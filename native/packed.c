@@ -280,3 +280,59 @@ void lle_packed_remove(const void *w) {
 }
 
 int lle_packed_entries(void) { return g_n_packs; }
+
+/* ---------------------------------------------------------------- rows back out of a copy */
+
+/* row l (0..15) of a packed Q8_0 or Q4_1 group, as the weight's own blocks (the packers' inverse) */
+static void unpack_q8_0(int layout, const uint8_t *grp, int64_t nb, int l, block_q8_0 *y) {
+    for (int64_t b = 0; b < nb; b++) {
+        if (layout == LLE_PK_SPLIT8) {
+            const uint8_t *o = grp + ((size_t)(l / 8) * (size_t)nb + (size_t)b) * LLE_PK_Q80_HBLOCK;
+            memcpy(&y[b].d, o + 2 * (l % 8), 2);
+            for (int c = 0; c < 8; c++) memcpy(y[b].qs + 4 * c, o + 16 + 32 * c + 4 * (l % 8), 4);
+            continue;
+        }
+        const uint8_t *o = grp + (size_t)b * LLE_PK_Q80_BLOCK;
+        memcpy(&y[b].d, o + LLE_PK_Q80_D + 2 * l, 2);
+        for (int c = 0; c < 8; c++) {
+            uint32_t v;
+            memcpy(&v, o + LLE_PK_Q80_QS + 64 * c + 4 * l, 4);
+            v ^= 0x80808080u;
+            memcpy(y[b].qs + 4 * c, &v, 4);
+        }
+    }
+}
+
+static void unpack_q4_1(int layout, const uint8_t *grp, int64_t nb, int l, block_q4_1 *y) {
+    for (int64_t b = 0; b < nb; b++) {
+        if (layout == LLE_PK_SPLIT8) {
+            const uint8_t *o = grp + ((size_t)(l / 8) * (size_t)nb + (size_t)b) * LLE_PK_Q41_HBLOCK;
+            memcpy(&y[b].d, o + 2 * (l % 8), 2);
+            memcpy(&y[b].m, o + 16 + 2 * (l % 8), 2);
+            for (int c = 0; c < 4; c++) memcpy(y[b].qs + 4 * c, o + 32 + 32 * c + 4 * (l % 8), 4);
+            continue;
+        }
+        const uint8_t *o = grp + (size_t)b * LLE_PK_Q41_BLOCK;
+        memcpy(&y[b].d, o + LLE_PK_Q41_D + 2 * l, 2);
+        memcpy(&y[b].m, o + LLE_PK_Q41_M + 2 * l, 2);
+        for (int c = 0; c < 4; c++) memcpy(y[b].qs + 4 * c, o + LLE_PK_Q41_QS + 64 * c + 4 * l, 4);
+    }
+}
+
+/* The copy of weight w (any layout) that row `row` can be read back from as the weight's own blocks
+ * (into dst, one row of the weight's bytes): 1, or 0 when there is none (no copy, or a type whose
+ * layout is not read back: Q4_K, Q6_K). get_rows reads a packed weight through it, so that a tied
+ * embedding (the output head is token_embd) never faults the file pages the packer released. */
+int lle_packed_row(int type, const void *w, size_t ws, int64_t k, int64_t row, void *dst) {
+    if (!g_n_packs || (type != T_Q8_0 && type != T_Q4_1)) return 0;
+    for (int i = 0; i < g_n_packs; i++) {
+        const pack_entry *e = &g_packs[i];
+        if (e->w != w || e->type != type || e->ws != ws || e->k != k || row < 0 || row >= e->m) continue;
+        if (memcmp(e->head, w, FINGERPRINT) != 0) return 0;
+        const uint8_t *grp = (const uint8_t *)e->packed + (size_t)(row / LLE_PACK_ROWS) * (size_t)lle_packed_group_bytes(type, k);
+        if (type == T_Q8_0) unpack_q8_0(e->layout, grp, k / QK, (int)(row % LLE_PACK_ROWS), dst);
+        else unpack_q4_1(e->layout, grp, k / QK, (int)(row % LLE_PACK_ROWS), dst);
+        return 1;
+    }
+    return 0;
+}

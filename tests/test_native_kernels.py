@@ -437,6 +437,54 @@ def test_packing_a_file_mapped_weight_drops_its_pages_as_it_copies(be: NativeBac
     assert np.array_equal(anon, raw)
 
 
+@pytest.mark.parametrize("t", [T.Q8_0, T.Q4_1])
+def test_rows_of_a_packed_weight_come_from_its_copy(be: NativeBackend, isa: str, t: T, tmp_path: Path) -> None:
+    """A tied embedding is both the output head (packed, its file pages released) and the table that
+    get_rows reads. Its rows are read back from the copy, on every tier's layout: the same values as the
+    file's blocks, and the released pages stay out of the resident set (each row from the file would
+    fault its page back in, with readahead)."""
+    import gguf
+
+    from llmedge._native import ffi, lib
+
+    if not sys.platform.startswith("linux"):
+        skip_or_fail("RssFile is Linux's")
+    rng = np.random.default_rng(24)
+    m, k = 8192, 640
+    raw = random_weight(t, m, k, rng)
+    path = tmp_path / "w.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tensor("w", raw.reshape(m, -1), raw_dtype=gguf.GGMLQuantizationType(int(t)))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+    def rss_file_kb() -> int:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("RssFile:"))
+
+    ids = np.concatenate([[0, 15, 16, 8191], rng.integers(0, m, 300)]).astype(np.int32)
+    ref = dequantize(raw.reshape(-1), t, (m, k))[ids]
+    with GGUFFile(path) as g:
+        data = g.tensor("w").data
+        ptr = ffi.from_buffer("char[]", data)
+        packed = lib.lle_pack_weight(int(t), ptr, raw.nbytes // m, m, k, 1) == 1
+        assert packed == (isa != "scalar")
+        try:
+            before = rss_file_kb()
+            out = np.empty((ids.size, k), dtype=np.float32)
+            assert lib.lle_get_rows(int(t), ptr, raw.nbytes // m, k, ffi.from_buffer("int[]", ids), ids.size,
+                                    ffi.from_buffer("float[]", out)) == 0
+            grown = rss_file_kb() - before
+        finally:
+            lib.lle_unpack_weight(ptr)
+        del ptr, data
+    assert np.array_equal(out, ref)
+    if packed:
+        assert grown < 256, f"reading rows brought {grown} KB of the released file back"
+
+
 def test_thread_pool_survives_fork(be: NativeBackend) -> None:
     """A forked child (multiprocessing, servers) gets a working pool; the parent keeps its own."""
     if not hasattr(os, "fork"):
