@@ -251,7 +251,7 @@ static void rope_cache_row(const rope_params *p, int pos, float *cache) {
 enum { ROPE_MEMO_SLOTS = 2 };
 static struct rope_memo {
     rope_params p; float *factors;  /* p.freq_factors points to the memo's copy of them */
-    int n; int *pos; float *table; size_t cap; unsigned long long used;
+    int n; int *pos; float *table; size_t cap, pos_cap; unsigned long long used;
 } g_rope_memo[ROPE_MEMO_SLOTS];
 static unsigned long long g_rope_clock;
 
@@ -275,24 +275,28 @@ static const float *rope_tables(const rope_params *p, const int *pos, int64_t n)
         return m->table;
     }
     if (!m) m = oldest;
+    m->n = -1;  /* invalid until filled (an allocation below may fail) */
     const size_t want = (size_t)n * (size_t)p->n_rot;
+    if (!m->factors && !(m->factors = malloc(1024 * sizeof(float)))) return NULL;  /* n_rot <= 2048 */
     if (want > m->cap || !m->table) {
         float *t = malloc((want ? want : 1) * sizeof(float));
+        if (!t) return NULL;
+        free(m->table);
+        m->table = t;
+        m->cap = want;
+    }
+    if ((size_t)n > m->pos_cap || !m->pos) {
         int *q = malloc((size_t)(n ? n : 1) * sizeof(int));
-        float *f = malloc(1024 * sizeof(float));
-        if (!t || !q || !f) {
-            free(t); free(q); free(f);
-            return NULL;
-        }
-        free(m->table); free(m->pos); free(m->factors);
-        m->table = t; m->pos = q; m->factors = f; m->cap = want;
+        if (!q) return NULL;
+        free(m->pos);
+        m->pos = q;
+        m->pos_cap = (size_t)n;
     }
     m->p = *p;
     if (p->freq_factors) {
         memcpy(m->factors, p->freq_factors, (size_t)(p->n_rot / 2) * sizeof(float));
         m->p.freq_factors = m->factors;
     }
-    m->n = 0;  /* invalid until filled */
     for (int64_t r = 0; r < n; r++) rope_cache_row(p, pos[r], m->table + (size_t)r * p->n_rot);
     memcpy(m->pos, pos, (size_t)n * sizeof(int));
     m->n = (int)n;

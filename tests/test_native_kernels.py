@@ -718,6 +718,16 @@ def test_rope_reuses_a_table_only_for_the_same_positions_and_parameters(be: Nati
     ff[3] *= 2
     out = be.rope(x, moved, n_rot, 10000.0, 1.0, False, freq_factors=ff)
     np.testing.assert_allclose(out, ref(moved, 10000.0, 1.0, ff), rtol=0, atol=2e-6 * np.abs(x).max())
+    # a kept table's buffers sized for (rows, n_rot) reused for more rows of a smaller n_rot (the same
+    # floats): the positions need their own room
+    for rows, rot in ((1, 2048), (1, 4), (1024, 2), (2, 8), (4096, 2), (3, 16)):
+        xs = rng.standard_normal((rows, 1, rot)).astype(np.float32)
+        ps = np.arange(rows, dtype=np.int32) % 700 * 3
+        out = be.rope(xs, ps, rot, 10000.0, 1.0, False)
+        theta = ggml_rope_theta(ps, rot, 10000.0, 1.0, None)[:, None, :]
+        a, b = xs.astype(np.float64)[..., 0::2], xs.astype(np.float64)[..., 1::2]
+        np.testing.assert_allclose(out[..., 0::2], a * np.cos(theta) - b * np.sin(theta), rtol=0, atol=2e-6 * 8)
+        np.testing.assert_allclose(out[..., 1::2], a * np.sin(theta) + b * np.cos(theta), rtol=0, atol=2e-6 * 8)
 
 
 def test_softmax(be: NativeBackend, isa: str) -> None:
