@@ -385,12 +385,28 @@ def test_packed_weights_give_the_unpacked_products_bitwise(be: NativeBackend, t:
     assert lib.lle_packed_count() == before
 
 
+def gguf_with_one_tensor(path: Path, raw: np.ndarray, t: T, m: int) -> None:
+    """A GGUF file holding the raw rows of type ``t`` as tensor "w" (read back through its mapping)."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tensor("w", raw.reshape(m, -1), raw_dtype=gguf.GGMLQuantizationType(int(t)))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def rss_file_kb() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("RssFile:"))
+
+
 def test_packing_a_file_mapped_weight_drops_its_pages_as_it_copies(be: NativeBackend, tmp_path: Path) -> None:
     """Packing reads the weight from the GGUF file's mapping and writes a copy; told that the source is
     such a mapping, the packer drops each slice's pages from the resident set as soon as it is copied
     (a large output head never holds both resident), and the products, read from the copy, are still
     the unpacked ones. Anonymous memory is never released (MADV_DONTNEED would zero it)."""
-    import gguf
 
     from llmedge._native import ffi, lib
 
@@ -402,16 +418,7 @@ def test_packing_a_file_mapped_weight_drops_its_pages_as_it_copies(be: NativeBac
     m, k = 4096, 2048  # 5 MB of Q4_1
     raw = random_weight(T.Q4_1, m, k, rng)
     path = tmp_path / "w.gguf"
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_tensor("w", raw.reshape(m, -1), raw_dtype=gguf.GGMLQuantizationType.Q4_1)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-
-    def rss_file_kb() -> int:
-        with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) for line in f if line.startswith("RssFile:"))
+    gguf_with_one_tensor(path, raw, T.Q4_1, m)
 
     x = rng.standard_normal((3, k)).astype(np.float32)
     with GGUFFile(path) as g:
@@ -443,7 +450,6 @@ def test_rows_of_a_packed_weight_come_from_its_copy(be: NativeBackend, isa: str,
     get_rows reads. Its rows are read back from the copy, on every tier's layout: the same values as the
     file's blocks, and the released pages stay out of the resident set (each row from the file would
     fault its page back in, with readahead)."""
-    import gguf
 
     from llmedge._native import ffi, lib
 
@@ -453,16 +459,7 @@ def test_rows_of_a_packed_weight_come_from_its_copy(be: NativeBackend, isa: str,
     m, k = 8192, 640
     raw = random_weight(t, m, k, rng)
     path = tmp_path / "w.gguf"
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_tensor("w", raw.reshape(m, -1), raw_dtype=gguf.GGMLQuantizationType(int(t)))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-
-    def rss_file_kb() -> int:
-        with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) for line in f if line.startswith("RssFile:"))
+    gguf_with_one_tensor(path, raw, t, m)
 
     ids = np.concatenate([[0, 15, 16, 8191], rng.integers(0, m, 300)]).astype(np.int32)
     ref = dequantize(raw.reshape(-1), t, (m, k))[ids]
