@@ -880,15 +880,8 @@ int lle_get_rows(int type, const void *w, long long w_stride, long long k, const
         lle_unlock();
         return -1;
     }
-    /* a packed weight's rows come from its copy (lle_packed_row), one row of blocks at a time */
-    uint8_t *row = n > 0 ? malloc((size_t)lle_row_size(type, k)) : NULL;
-    const int from_copy = row && lle_packed_row(type, w, ws, k, ids[0], row);
-    for (long long i = 0; i < n; i++) {
-        const uint8_t *src = (const uint8_t *)w + (size_t)ids[i] * ws;
-        if (from_copy && lle_packed_row(type, w, ws, k, ids[i], row)) src = row;
-        tf(src, out + i * k, k);
-    }
-    free(row);
+    if (!lle_packed_get_rows(type, w, ws, k, ids, n, tf, out))  /* a packed weight's rows come from its copy */
+        for (long long i = 0; i < n; i++) tf((const uint8_t *)w + (size_t)ids[i] * ws, out + i * k, k);
     lle_unlock();
     return 0;
 }

@@ -306,7 +306,8 @@ void lle_pack_rows(int type, int layout, const void *w, size_t ws, int64_t m, in
 int lle_packed_add(int type, int layout, const void *w, size_t ws, int64_t m, int64_t k, int release_source);
 void lle_packed_remove(const void *w);
 int lle_packed_entries(void);
-int lle_packed_row(int type, const void *w, size_t ws, int64_t k, int64_t row, void *dst);
+int lle_packed_get_rows(int type, const void *w, size_t ws, int64_t k, const int *ids, int64_t n,
+                        lle_to_float_fn tf, float *out);
 
 /* ---- float op kernels (per ISA) ---- */
 

@@ -319,20 +319,31 @@ static void unpack_q4_1(int layout, const uint8_t *grp, int64_t nb, int l, block
     }
 }
 
-/* The copy of weight w (any layout) that row `row` can be read back from as the weight's own blocks
- * (into dst, one row of the weight's bytes): 1, or 0 when there is none (no copy, or a type whose
- * layout is not read back: Q4_K, Q6_K). get_rows reads a packed weight through it, so that a tied
- * embedding (the output head is token_embd) never faults the file pages the packer released. */
-int lle_packed_row(int type, const void *w, size_t ws, int64_t k, int64_t row, void *dst) {
-    if (!g_n_packs || (type != T_Q8_0 && type != T_Q4_1)) return 0;
-    for (int i = 0; i < g_n_packs; i++) {
-        const pack_entry *e = &g_packs[i];
-        if (e->w != w || e->type != type || e->ws != ws || e->k != k || row < 0 || row >= e->m) continue;
-        if (memcmp(e->head, w, FINGERPRINT) != 0) return 0;
-        const uint8_t *grp = (const uint8_t *)e->packed + (size_t)(row / LLE_PACK_ROWS) * (size_t)lle_packed_group_bytes(type, k);
-        if (type == T_Q8_0) unpack_q8_0(e->layout, grp, k / QK, (int)(row % LLE_PACK_ROWS), dst);
-        else unpack_q4_1(e->layout, grp, k / QK, (int)(row % LLE_PACK_ROWS), dst);
-        return 1;
+/* Rows `ids` of weight w as floats (tf: its type's to_float), read back from its packed copy when it
+ * has one of a type whose layout is read back (Q8_0, Q4_1): 1, or 0 with nothing done (no copy,
+ * Q4_K, Q6_K). get_rows goes through it, so that a tied embedding (the output head is token_embd)
+ * never faults back the file pages the packer released. Ids outside the copy read the weight. */
+int lle_packed_get_rows(int type, const void *w, size_t ws, int64_t k, const int *ids, int64_t n,
+                        lle_to_float_fn tf, float *out) {
+    if (type != T_Q8_0 && type != T_Q4_1) return 0;
+    const pack_entry *e = NULL;
+    for (int i = 0; i < g_n_packs && !e; i++)
+        if (g_packs[i].w == w && g_packs[i].type == type && g_packs[i].ws == ws && g_packs[i].k == k) e = &g_packs[i];
+    if (!e || memcmp(e->head, w, FINGERPRINT) != 0) return 0;
+    uint8_t *row = malloc(ws);
+    if (!row) return 0;
+    const size_t gbytes = (size_t)lle_packed_group_bytes(type, k);
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t r = ids[i];
+        const uint8_t *src = (const uint8_t *)w + (size_t)r * ws;
+        if (r >= 0 && r < e->m) {
+            const uint8_t *grp = (const uint8_t *)e->packed + (size_t)(r / LLE_PACK_ROWS) * gbytes;
+            if (type == T_Q8_0) unpack_q8_0(e->layout, grp, k / QK, (int)(r % LLE_PACK_ROWS), (block_q8_0 *)row);
+            else unpack_q4_1(e->layout, grp, k / QK, (int)(r % LLE_PACK_ROWS), (block_q4_1 *)row);
+            src = row;
+        }
+        tf(src, out + i * k, k);
     }
-    return 0;
+    free(row);
+    return 1;
 }

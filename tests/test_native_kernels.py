@@ -467,7 +467,7 @@ def test_rows_of_a_packed_weight_come_from_its_copy(be: NativeBackend, isa: str,
         data = g.tensor("w").data
         ptr = ffi.from_buffer("char[]", data)
         packed = lib.lle_pack_weight(int(t), ptr, raw.nbytes // m, m, k, 1) == 1
-        assert packed == (isa != "scalar")
+        assert packed == (isa in ("avx2", "avx512"))  # the x86 tiers pack Q8_0 and Q4_1
         try:
             before = rss_file_kb()
             out = np.empty((ids.size, k), dtype=np.float32)
