@@ -215,10 +215,22 @@ def _file_mapping(arr: np.ndarray) -> tuple[Any, dict[int, int]] | None:
     return base, released
 
 
-def in_file_mapping(arr: np.ndarray) -> bool:
+def prepare_release(arr: np.ndarray) -> bool:
     """Whether ``arr`` views a GGUF file's read-only mapping, whose pages may be dropped from the resident
-    set (:func:`release_resident_pages`; the native packer drops them slice by slice as it copies)."""
-    return _file_mapping(arr) is not None
+    set (:func:`release_resident_pages`; the native packer drops them slice by slice as it copies). If so,
+    the mapping is first told to use no huge-page mappings (MADV_NOHUGEPAGE, once): Linux 6.x maps a file
+    cached in 2 MB folios 2 MB at a time, so releasing part of one would unmap its neighbours' pages and
+    the next read of any neighbour (a norm, a weight kept in the file) would map the released part back."""
+    found = _file_mapping(arr)
+    if found is None:
+        return False
+    base, released = found
+    if not released and hasattr(mmap, "MADV_NOHUGEPAGE"):
+        try:
+            base.madvise(mmap.MADV_NOHUGEPAGE)
+        except OSError:  # a kernel without transparent huge pages: nothing is mapped 2 MB at a time
+            pass
+    return True
 
 
 def release_resident_pages(arr: np.ndarray) -> bool:

@@ -674,8 +674,10 @@ int lle_matmul_rows_impl(int type, const void *w, long long w_stride, long long 
     }
     c.w = w;
     c.ws = w_stride > 0 ? (size_t)w_stride : (size_t)lle_row_size(type, k);
-    if (packed_plain(kw) && m % LLE_PACK_ROWS == 0 && (c.pw = lle_packed_find(type, kw->packed_layout, w, c.ws, m, k))) {
-        c.packed = kw->packed;  /* every row through the packed kernel: no float scales to prepare */
+    if (kw->packed && (c.vd == kw->vec_dot_r8 || packed_plain(kw)) && m % LLE_PACK_ROWS == 0 &&
+        (c.pw = lle_packed_find(type, kw->packed_layout, w, c.ws, m, k))) {
+        /* every row through the packed kernel, each in the one-row order: no float scales to prepare */
+        c.packed = kw->packed;
         c.gbytes = lle_packed_group_bytes(type, k);
         c.gemv = NULL;
     }
@@ -848,9 +850,15 @@ int lle_pack_weight(int type, const void *w, long long w_stride, long long m, lo
     const size_t ws = w_stride > 0 ? (size_t)w_stride : (size_t)lle_row_size(type, k);
     int r = 0;
     /* every type whose tier has packed kernels: they replace the repacked (Q4_K), tiled (Q6_K, 8+ rows)
-     * or only (Q4_1) order of its products */
-    if (kw->packed && m % LLE_PACK_ROWS == 0 && lle_packed_group_bytes(type, k) > 0)
-        r = lle_packed_add(type, kw->packed_layout, w, ws, m, k, release_source);
+     * or only (Q4_1) order of its products. Where the copy serves every product (the r8 order takes every
+     * row count; a plain packed type has no other kernel), the source is never read again: 1, and its
+     * pages may go. Where it serves only the tiled products of 8+ rows (a decode reads the source): 2,
+     * and the source stays resident. */
+    if (kw->packed && m % LLE_PACK_ROWS == 0 && lle_packed_group_bytes(type, k) > 0) {
+        const int replaces = (kw->vec_dot_r8 && m % 8 == 0) || packed_plain(kw);
+        r = lle_packed_add(type, kw->packed_layout, w, ws, m, k, release_source && replaces);
+        if (r == 1 && !replaces) r = 2;
+    }
     lle_unlock();
     return r;
 }

@@ -47,10 +47,11 @@ int lle_vec_dot(int type, long long k, const void *w_row, const void *act_row, f
 /* ---- packed weights ---- */
 /* Make a packed copy of a weight (m rows of k values) for the kernels of the selected ISA, used by
  * every later product with this exact weight (same pointer, rows and stride); results are unchanged
- * (same summation order), only faster. Returns 1 if packed, 0 if this type, shape or ISA has no
- * packed kernels (nothing to do), < 0 on error. Each successful call needs one lle_unpack_weight.
- * release_source: w lies in a read-only file mapping, whose pages are dropped from the resident set as
- * they are packed (they fault back in from the page cache if read again). */
+ * (same summation order), only faster. Returns 1 if packed and no product reads w again, 2 if packed
+ * for some products only (the tiled ones of 8+ rows: the others still read w), 0 if this type, shape or
+ * ISA has no packed kernels (nothing to do), < 0 on error. Each call returning 1 or 2 needs one
+ * lle_unpack_weight. release_source: w lies in a read-only file mapping; when the result is 1, its pages
+ * are dropped from the resident set as they are packed (they fault back in from the page cache if read). */
 int lle_pack_weight(int type, const void *w, long long w_stride, long long m, long long k, int release_source);
 void lle_unpack_weight(const void *w);
 int lle_packed_count(void);                  /* packed copies alive (tests) */

@@ -148,11 +148,20 @@ void lle_pack_rows(int type, int layout, const void *w, size_t ws, int64_t m, in
 
 #define FINGERPRINT 32
 
+/* A copy is found by its weight's address and shape. A weight in anonymous memory could be rewritten
+ * in place, so its copy also keeps the first bytes it was made from and is used only while they match.
+ * A weight in a read-only file mapping (from_file) is never read again after packing: the mapping
+ * cannot be written through, it outlives the copy (the caller unpacks before unmapping), and reading
+ * its head would fault the released pages back in (a whole large folio of the page cache at a time). */
 typedef struct {
     const void *w; int type, layout; int64_t m, k; size_t ws;
-    void *packed; size_t bytes; int refs;
+    void *packed; size_t bytes; int refs, from_file;
     uint8_t head[FINGERPRINT];
 } pack_entry;
+
+static int entry_current(const pack_entry *e, const void *w) {
+    return e->from_file || memcmp(e->head, w, FINGERPRINT) == 0;
+}
 
 static pack_entry *g_packs;
 static int g_n_packs, g_cap_packs;
@@ -168,8 +177,7 @@ static pack_entry *find_entry(int type, int layout, const void *w, size_t ws, in
 const void *lle_packed_find(int type, int layout, const void *w, size_t ws, int64_t m, int64_t k) {
     if (!g_n_packs) return NULL;
     const pack_entry *e = find_entry(type, layout, w, ws, m, k);
-    if (!e || memcmp(e->head, w, FINGERPRINT) != 0) return NULL;
-    return e->packed;
+    return e && entry_current(e, w) ? e->packed : NULL;
 }
 
 /* Copies come straight from the OS (mmap) and go straight back (munmap): malloc would keep a freed
@@ -235,7 +243,7 @@ static void pack_sliced(int type, int layout, const uint8_t *w, size_t ws, int64
  * pages may be dropped (they fault back in from the page cache when read). */
 int lle_packed_add(int type, int layout, const void *w, size_t ws, int64_t m, int64_t k, int release_source) {
     pack_entry *e = find_entry(type, layout, w, ws, m, k);
-    if (e && memcmp(e->head, w, FINGERPRINT) == 0) {
+    if (e && entry_current(e, w)) {
         e->refs++;
         return 1;
     }
@@ -264,6 +272,7 @@ int lle_packed_add(int type, int layout, const void *w, size_t ws, int64_t m, in
     e->packed = p;
     e->bytes = bytes;
     e->refs = 1;
+    e->from_file = release_source;
     memcpy(e->head, head, FINGERPRINT);
     return 1;
 }
@@ -329,7 +338,7 @@ int lle_packed_get_rows(int type, const void *w, size_t ws, int64_t k, const int
     const pack_entry *e = NULL;
     for (int i = 0; i < g_n_packs && !e; i++)
         if (g_packs[i].w == w && g_packs[i].type == type && g_packs[i].ws == ws && g_packs[i].k == k) e = &g_packs[i];
-    if (!e || memcmp(e->head, w, FINGERPRINT) != 0) return 0;
+    if (!e || !entry_current(e, w)) return 0;
     uint8_t *row = malloc(ws);
     if (!row) return 0;
     const size_t gbytes = (size_t)lle_packed_group_bytes(type, k);

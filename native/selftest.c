@@ -246,8 +246,8 @@ static void test_packed(int isa, int ref_isa) {
                 }
             lle_set_isa(isa);
             const int r = lle_pack_weight(t, w, rs, m, k, 0);
-            CHECK(r == 0 || r == 1, "lle_pack_weight returned %d", r);
-            packed += r == 1;
+            CHECK(r >= 0 && r <= 2, "lle_pack_weight returned %d", r);
+            packed += r > 0;
             for (int ni = 0; ni < NN; ni++) {
                 const int n = ns[ni];
                 for (int stale = 0; stale < 2; stale++) {
@@ -277,7 +277,7 @@ static void test_packed(int isa, int ref_isa) {
                     if (stale) w[0] ^= 0x5a;
                 }
             }
-            if (r == 1) lle_unpack_weight(w);
+            if (r > 0) lle_unpack_weight(w);
         }
     CHECK(lle_packed_count() == 0, "%d packed copies left", lle_packed_count());
     printf("  packed Q4_K, Q6_K, Q4_1, Q8_0 (%s): %d of 16 shapes packed\n", isa == ISA_AVX512 ? "avx512" : "avx2", packed);

@@ -198,11 +198,26 @@ def _rss_file_kb() -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("RssFile:"))
 
 
+def _vm_flags(arr: np.ndarray) -> list[str]:
+    """The VmFlags of the mapping holding ``arr`` (/proc/self/smaps)."""
+    addr, inside = arr.ctypes.data, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(v, 16) for v in head.split("-"))
+                inside = lo <= addr < hi
+            elif inside and head == "VmFlags:":
+                return line.split()[1:]
+    raise AssertionError("no mapping holds the array")
+
+
 def test_release_resident_pages_drops_a_tensors_file_pages_and_keeps_its_bytes(tmp_path: Path) -> None:
     """A backend that copied a tensor (the native backend's packed weights) drops the file's pages under
     it from the resident set; the bytes read back the same (faulted in again from the page cache).
-    Memory that is not a GGUF file mapping (anonymous, where MADV_DONTNEED would zero it) is left alone."""
-    from llmedge.gguf import release_resident_pages
+    Memory that is not a GGUF file mapping (anonymous, where MADV_DONTNEED would zero it) is left alone.
+    prepare_release, called before, stops 2 MB mappings of the file (see its docstring)."""
+    from llmedge.gguf import prepare_release, release_resident_pages
 
     path = tmp_path / "big.gguf"
     w = gguf.GGUFWriter(str(path), "llama")
@@ -215,7 +230,10 @@ def test_release_resident_pages_drops_a_tensors_file_pages_and_keeps_its_bytes(t
     with GGUFFile(path) as g:
         data = g.tensor("big.weight").data
         assert int(data.view(np.uint8).sum(dtype=np.uint64)) > 0  # every page resident
+        assert prepare_release(data)
         if sys.platform.startswith("linux"):
+            # no 2 MB mappings of the file from now on: releasing part of one would unmap its neighbours too
+            assert "nh" in _vm_flags(data), "the mapping still takes huge-page mappings"
             before = _rss_file_kb()
             assert release_resident_pages(data) and release_resident_pages(data)  # counted once
             assert before - _rss_file_kb() > 12 << 10, "the tensor's pages stayed resident"
@@ -224,5 +242,5 @@ def test_release_resident_pages_drops_a_tensors_file_pages_and_keeps_its_bytes(t
             release_resident_pages(data)
         assert np.array_equal(data.view(np.float32), copy)
         del data
-    assert not release_resident_pages(copy)
+    assert not prepare_release(copy) and not release_resident_pages(copy)
     assert np.array_equal(copy, np.arange(4 << 20, dtype=np.float32))

@@ -38,7 +38,7 @@ from llmedge.backends.base import as_f32c as _f32c
 from llmedge.backends.base import out_array as _out
 from llmedge.backends.cpu import physical_cores
 from llmedge.errors import LlmedgeError
-from llmedge.gguf import TensorInfo, in_file_mapping, release_resident_pages
+from llmedge.gguf import TensorInfo, prepare_release, release_resident_pages
 from llmedge.models.base import cache_rope
 
 try:
@@ -120,14 +120,16 @@ class NativeWeight:
     def _pack(self) -> None:
         """A packed copy in C for the selected kernel tier where it has packed kernels (AVX-512:
         Q4_K, Q6_K, Q4_1, Q8_0; AVX2: Q4_1, Q8_0), found by address at every product and freed with this object; results
-        unchanged. The file's pages under a packed weight leave the resident set as they are copied (the products read the
-        copy), so a packed model costs no more memory than an unpacked one."""
-        rc = lib.lle_pack_weight(self.ggml_type, self.ptr, self.row_bytes, self.m, self.k, in_file_mapping(self.data))
+        unchanged. Where the copy serves every product, the file's pages under the weight leave the resident set as they
+        are copied, so a packed model costs no more memory than an unpacked one; where it serves only the products of 8+
+        rows (AVX-512's Q6_K: a decode reads the file), they stay, and the copy is the price of faster prompts."""
+        rc = lib.lle_pack_weight(self.ggml_type, self.ptr, self.row_bytes, self.m, self.k, prepare_release(self.data))
         if rc < 0:
             raise LlmedgeError(f"native: packing {self.name} failed (code {rc})")
-        if rc == 1:
+        if rc in (1, 2):  # 2: the copy serves the products of 8+ rows only; decoding still reads the file
             self.packed = True
-            release_resident_pages(self.data)
+            if rc == 1:
+                release_resident_pages(self.data)
             # the finalizer keeps the mapped bytes alive until the copy is gone
             weakref.finalize(self, lib.lle_unpack_weight, self.ptr)
 
