@@ -10,6 +10,7 @@ reference models.
 
 from __future__ import annotations
 
+import ast
 import base64
 import json
 import os
@@ -551,6 +552,54 @@ def test_rows_of_a_packed_weight_come_from_its_copy(be: NativeBackend, isa: str,
     assert np.array_equal(out, ref)
     if packed:
         assert grown == 0, f"reading rows brought {grown} pages of the released file back"
+
+
+HUGE_PAGE_PROBE = """
+import numpy as np
+from llmedge._native import ffi, lib
+
+def hg_mappings():  # (start, Rss KB) of the mappings advised into huge pages
+    out, cur = [], None
+    for line in open("/proc/self/smaps"):
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            cur = [int(head.split("-")[0], 16), 0, int(head.split("-")[1], 16) - int(head.split("-")[0], 16)]
+        elif head == "Rss:":
+            cur[1] = int(line.split()[1])
+        elif head == "VmFlags:" and "hg" in line.split():
+            out.append(tuple(cur))
+    return out
+
+m, k = 1536, 576
+raw = np.random.default_rng(5).integers(0, 256, size=(m, k // 32 * 20), dtype=np.uint8)
+raw.view(np.float16)[:, ::10] = 0.01  # moderate scales (d, m of each block)
+raw.view(np.float16)[:, 1::10] = 0.01
+before = hg_mappings()
+ptrs = [ffi.from_buffer("char[]", raw.copy()) for _ in range(3)]  # three 0.5 MB copies: one slab
+assert all(lib.lle_pack_weight(3, p, raw.shape[1], m, k, 0) == 1 for p in ptrs)
+slabs = [s for s in hg_mappings() if s not in before]
+print("slabs", [(size >> 20, rss) for _, rss, size in slabs])
+for p in ptrs:
+    lib.lle_unpack_weight(p)
+print("after", len([s for s in hg_mappings() if s not in before]))
+"""
+
+
+def test_packed_copies_sit_in_huge_pages_and_go_back_with_their_weights(be: NativeBackend) -> None:
+    """On Linux the packed copies are carved from 32 MB slabs advised into 2 MB pages (a decode streams
+    every copy per token: fewer TLB misses); small copies share a slab, only their pages are resident,
+    and the slab is unmapped with its last copy, so unloading a model returns all of its memory. In a
+    fresh process, so that no other test's copies share the slab."""
+    if not sys.platform.startswith("linux") or not os.path.exists("/sys/kernel/mm/transparent_hugepage"):
+        skip_or_fail("huge pages are Linux's (with transparent huge pages)")
+    if not packed_here(T.Q4_1):
+        skip_or_fail("no packed kernels on this CPU")
+    r = subprocess.run([sys.executable, "-c", HUGE_PAGE_PROBE], capture_output=True, text=True, check=True)
+    slabs_line, after_line = r.stdout.splitlines()
+    slabs = ast.literal_eval(slabs_line.split(" ", 1)[1])  # [(MB, Rss KB)]
+    assert len(slabs) == 1 and slabs[0][0] == 32, slabs  # all three in one slab
+    assert 3 * 1536 * 360 // 1024 <= slabs[0][1] <= 4 << 10, slabs  # their bytes, at most one 2 MB page more
+    assert after_line == "after 0", "the slab outlived its copies"
 
 
 def test_thread_pool_survives_fork(be: NativeBackend) -> None:
