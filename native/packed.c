@@ -185,14 +185,17 @@ const void *lle_packed_find(int type, int layout, const void *w, size_t ws, int6
  * model's copies in its heap (glibc's mmap threshold grows after large frees), so unloading a model
  * would not return its memory.
  *
- * On Linux the copies also sit in 2 MB pages (MADV_HUGEPAGE): a decode streams every copy once per
- * token, and with 4 KB pages a 100 MB model costs 25,000 TLB misses per token (a 2-sequence step of
- * SmolLM2 spent 10-15% of its time in page walks). A model's many small copies (a 576x1536 Q4_1 is
- * 0.5 MB) would each be too small for a huge page of their own, so copies under LARGE_COPY are carved
- * one after another, page-aligned, from 32 MB slabs aligned to 2 MB; larger ones get their own aligned
- * mapping. A freed copy's pages go back at once (MADV_DONTNEED), and a slab is unmapped with its last
- * copy, so unloading a model still returns all of its memory. Only the pages written are resident: a
- * slab's unused tail costs at most the rest of one 2 MB page. Elsewhere each copy is its own mapping. */
+ * On Linux the copies also end up in 2 MB pages: a decode streams every copy once per token, and with
+ * 4 KB pages a 100 MB model costs 25,000 TLB misses per token. A model's many small copies (a 576x1536
+ * Q4_1 is 0.5 MB) would each be too small for a huge page of their own, so copies under LARGE_COPY are
+ * carved one after another, page-aligned, from 32 MB slabs aligned to 2 MB; larger ones get their own
+ * aligned mapping. They are written in 4 KB pages, and each 2 MB extent is advised into a huge page
+ * (MADV_HUGEPAGE) only once every byte of it is written: the kernel's khugepaged then merges it in the
+ * background (about 100 MB a minute), so a long-running server gets the huge pages and a load never
+ * waits for them (asking at the first write made the kernel compact memory synchronously: Gemma 3's
+ * load went from 0.4 to 0.7 s). A freed copy's pages go back at once (MADV_DONTNEED), and a slab is
+ * unmapped with its last copy, so unloading a model still returns all of its memory. Only the pages
+ * written are resident. Elsewhere each copy is its own mapping. */
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
 #define LLE_SLABS 1
 #define HUGE_PAGE ((size_t)2 << 20)
@@ -200,9 +203,10 @@ const void *lle_packed_find(int type, int layout, const void *w, size_t ws, int6
 #define LARGE_COPY ((size_t)4 << 20)
 
 typedef struct {
-    uint8_t *base;  /* HUGE_PAGE-aligned; SLAB_BYTES long */
+    uint8_t *base;   /* HUGE_PAGE-aligned; SLAB_BYTES long */
     size_t used;
-    int live;       /* copies carved from it and not yet freed */
+    size_t advised;  /* the first `advised` bytes (whole extents, all written) are advised into huge pages */
+    int live;        /* copies carved from it and not yet freed */
 } slab;
 
 static slab *g_slabs;
@@ -213,7 +217,7 @@ static size_t page_round(size_t bytes) {
     return (bytes + page - 1) / page * page;
 }
 
-/* `bytes` (a multiple of HUGE_PAGE) of fresh memory aligned to HUGE_PAGE, advised into huge pages */
+/* `bytes` (a multiple of HUGE_PAGE) of fresh memory aligned to HUGE_PAGE */
 static uint8_t *map_aligned(size_t bytes) {
     uint8_t *raw = mmap(NULL, bytes + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (raw == MAP_FAILED) return NULL;
@@ -221,7 +225,6 @@ static uint8_t *map_aligned(size_t bytes) {
     if (p > raw) munmap(raw, (size_t)(p - raw));
     const size_t tail = (size_t)(raw + bytes + HUGE_PAGE - (p + bytes));
     if (tail) munmap(p + bytes, tail);
-    madvise(p, bytes, MADV_HUGEPAGE);  /* advice only: 4 KB pages where the kernel has no huge ones */
     return p;
 }
 
@@ -255,6 +258,7 @@ static void *alloc_copy(size_t bytes) {
         s = &g_slabs[g_n_slabs++];
         s->base = base;
         s->used = 0;
+        s->advised = 0;
         s->live = 0;
     }
     uint8_t *p = s->base + s->used;
@@ -262,6 +266,20 @@ static void *alloc_copy(size_t bytes) {
     s->live++;
     populate(p, bytes);
     return p;
+}
+
+/* the copy at p is written: advise the huge-page extents now wholly written (see above) */
+static void copy_written(void *p, size_t bytes) {
+    for (int i = 0; i < g_n_slabs; i++) {
+        slab *s = &g_slabs[i];
+        if ((uint8_t *)p < s->base || (uint8_t *)p >= s->base + SLAB_BYTES) continue;
+        const size_t done = s->used / HUGE_PAGE * HUGE_PAGE;  /* copies are written as soon as carved */
+        if (done > s->advised) madvise(s->base + s->advised, done - s->advised, MADV_HUGEPAGE);
+        if (done > s->advised) s->advised = done;
+        return;
+    }
+    const size_t whole = page_round(bytes) / HUGE_PAGE * HUGE_PAGE;  /* its own mapping */
+    if (whole) madvise(p, whole, MADV_HUGEPAGE);
 }
 
 static void free_copy(void *p, size_t bytes) {
@@ -295,6 +313,8 @@ static void *alloc_copy(size_t bytes) {
     return aligned_alloc(64, (bytes + 63) & ~(size_t)63);
 #endif
 }
+
+static void copy_written(void *p, size_t bytes) { (void)p; (void)bytes; }
 
 static void free_copy(void *p, size_t bytes) {
 #if defined(__unix__) || defined(__APPLE__)
@@ -351,6 +371,7 @@ int lle_packed_add(int type, int layout, const void *w, size_t ws, int64_t m, in
     uint8_t head[FINGERPRINT];
     memcpy(head, w, FINGERPRINT);
     pack_sliced(type, layout, w, ws, m, k, p, release_source);
+    copy_written(p, bytes);
     if (e) {  /* stale: the weight it was made from is gone */
         free_copy(e->packed, e->bytes);
     } else {
