@@ -398,6 +398,15 @@ def gguf_with_one_tensor(path: Path, raw: np.ndarray, t: T, m: int) -> None:
     w.close()
 
 
+def weight_in_a_file(tmp_path: Path, t: T, m: int, k: int, seed: int) -> tuple[np.ndarray, np.random.Generator, Path]:
+    """Random rows of type ``t`` (m x k), the generator that made them, and a GGUF file holding them."""
+    rng = np.random.default_rng(seed)
+    raw = random_weight(t, m, k, rng)
+    path = tmp_path / "w.gguf"
+    gguf_with_one_tensor(path, raw, t, m)
+    return raw, rng, path
+
+
 def rss_file_kb() -> int:
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("RssFile:"))
@@ -435,11 +444,8 @@ def test_packing_a_file_mapped_weight_drops_its_pages_as_it_copies(be: NativeBac
         skip_or_fail("RssFile is Linux's")
     if not packed_here(T.Q4_1):
         skip_or_fail("no packed kernels on this CPU")
-    rng = np.random.default_rng(23)
     m, k = 4096, 2048  # 5 MB of Q4_1
-    raw = random_weight(T.Q4_1, m, k, rng)
-    path = tmp_path / "w.gguf"
-    gguf_with_one_tensor(path, raw, T.Q4_1, m)
+    raw, rng, path = weight_in_a_file(tmp_path, T.Q4_1, m, k, 23)
 
     x = rng.standard_normal((3, k)).astype(np.float32)
     with GGUFFile(path) as g:
@@ -481,11 +487,8 @@ def test_released_file_pages_are_never_read_again(be: NativeBackend, isa: str, t
 
     if not sys.platform.startswith("linux"):
         skip_or_fail("/proc/self/pagemap is Linux's")
-    rng = np.random.default_rng(25)
     m, k = 512, 1024
-    raw = random_weight(t, m, k, rng)
-    path = tmp_path / "w.gguf"
-    gguf_with_one_tensor(path, raw, t, m)
+    raw, rng, path = weight_in_a_file(tmp_path, t, m, k, 25)
     x = rng.standard_normal((9, k)).astype(np.float32)
     rs = raw.nbytes // m
     with GGUFFile(path) as g:
@@ -527,11 +530,8 @@ def test_rows_of_a_packed_weight_come_from_its_copy(be: NativeBackend, isa: str,
 
     if not sys.platform.startswith("linux"):
         skip_or_fail("RssFile is Linux's")
-    rng = np.random.default_rng(24)
     m, k = 8192, 640
-    raw = random_weight(t, m, k, rng)
-    path = tmp_path / "w.gguf"
-    gguf_with_one_tensor(path, raw, t, m)
+    raw, rng, path = weight_in_a_file(tmp_path, t, m, k, 24)
 
     ids = np.concatenate([[0, 15, 16, 8191], rng.integers(0, m, 300)]).astype(np.int32)
     ref = dequantize(raw.reshape(-1), t, (m, k))[ids]
