@@ -326,16 +326,39 @@ static void free_copy(void *p, size_t bytes) {
 }
 #endif
 
-/* Pack in slices of about this many source bytes; with release_source, each slice's whole pages leave
- * the resident set as soon as they are packed, so packing a large weight (Gemma 3's 178 MB output
- * head) never holds both the source and the copy resident at once. */
+/* Pack in slices of about this many source bytes per pool thread; with release_source, each slice's
+ * whole pages leave the resident set as soon as they are packed, so packing a large weight (Gemma 3's
+ * 178 MB output head) never holds both the source and the copy resident at once. The pool's threads
+ * share each slice (claiming runs of groups), so a load packs at the speed of all of them. */
 #define PACK_SLICE_BYTES (1 << 20)
+
+typedef struct {
+    int type, layout;
+    const uint8_t *w; size_t ws; int64_t k;
+    uint8_t *dst; int64_t gbytes;
+    int64_t g0, g1, per;  /* this slice's groups, claimed `per` at a time */
+    int64_t counter;
+} pack_job;
+
+static void pack_task(void *vctx, int ith, int nth) {
+    (void)ith; (void)nth;
+    pack_job *j = vctx;
+    for (;;) {
+        const int64_t a = j->g0 + lle_next_chunk(&j->counter) * j->per;
+        if (a >= j->g1) break;
+        const int64_t b = a + j->per < j->g1 ? a + j->per : j->g1;
+        lle_pack_rows(j->type, j->layout, j->w + (size_t)(a * LLE_PACK_ROWS) * j->ws, j->ws, (b - a) * LLE_PACK_ROWS,
+                      j->k, j->dst + (size_t)(a * j->gbytes));
+    }
+}
 
 static void pack_sliced(int type, int layout, const uint8_t *w, size_t ws, int64_t m, int64_t k, uint8_t *dst,
                         int release_source) {
-    const int64_t ng = m / LLE_PACK_ROWS, gbytes = lle_packed_group_bytes(type, k);
-    int64_t step = PACK_SLICE_BYTES / ((int64_t)ws * LLE_PACK_ROWS);
+    const int64_t ng = m / LLE_PACK_ROWS;
+    const int nth = lle_pool_threads() > 0 ? lle_pool_threads() : 1;
+    int64_t step = (int64_t)PACK_SLICE_BYTES * nth / ((int64_t)ws * LLE_PACK_ROWS);
     if (step < 1) step = 1;
+    pack_job j = {type, layout, w, ws, k, dst, lle_packed_group_bytes(type, k), 0, 0, 1, 0};
 #if defined(__unix__) || defined(__APPLE__)
     const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     uintptr_t lo = ((uintptr_t)w + page - 1) / page * page;  /* first page not yet released */
@@ -343,12 +366,15 @@ static void pack_sliced(int type, int layout, const uint8_t *w, size_t ws, int64
     release_source = 0;
 #endif
     for (int64_t g0 = 0; g0 < ng; g0 += step) {
-        const int64_t g1 = g0 + step < ng ? g0 + step : ng;
-        lle_pack_rows(type, layout, w + (size_t)(g0 * LLE_PACK_ROWS) * ws, ws, (g1 - g0) * LLE_PACK_ROWS, k,
-                      dst + (size_t)(g0 * gbytes));
+        j.g0 = g0;
+        j.g1 = g0 + step < ng ? g0 + step : ng;
+        j.per = (j.g1 - g0 + 4 * nth - 1) / (4 * nth);  /* 4 runs per thread: none waits long for another */
+        j.counter = 0;
+        if (nth > 1 && j.g1 - g0 > 1) lle_pool_run(pack_task, &j);
+        else pack_task(&j, 0, 1);
 #if defined(__unix__) || defined(__APPLE__)
         if (!release_source) continue;
-        const uintptr_t hi = ((uintptr_t)w + (size_t)(g1 * LLE_PACK_ROWS) * ws) / page * page;
+        const uintptr_t hi = ((uintptr_t)w + (size_t)(j.g1 * LLE_PACK_ROWS) * ws) / page * page;
         if (hi > lo) {
             madvise((void *)lo, hi - lo, MADV_DONTNEED);
             lo = hi;
