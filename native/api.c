@@ -334,6 +334,11 @@ long long lle_row_size(int type, long long k) {
 /* the type's packed kernel computes its vec_dot order (Q4_1), not only a repacked or tiled one */
 static int packed_plain(const lle_kernels *kw) { return kw->packed && !kw->vec_dot_r8 && !kw->vec_dot_tiled; }
 
+/* whether a packed copy of this type serves the products of every row count, one-row decodes included
+ * (the r8 order takes any; a plain packed type has no other kernel), not only the tiled ones of 8+ rows.
+ * With m a multiple of LLE_PACK_ROWS the products then use it for any rows, and the source is never read */
+static int copy_serves_all(const lle_kernels *kw) { return kw->packed && (kw->vec_dot_r8 || packed_plain(kw)); }
+
 /* bytes per quantized activation row (type vt, k values): the row itself, or with a packed copy whose
  * kernel reads per-block values beside it (kw->packed_prep, see common.h), the row and those values */
 static size_t act_stride(const lle_kernels *kw, const void *pw, int vt, int64_t k) {
@@ -674,8 +679,7 @@ int lle_matmul_rows_impl(int type, const void *w, long long w_stride, long long 
     }
     c.w = w;
     c.ws = w_stride > 0 ? (size_t)w_stride : (size_t)lle_row_size(type, k);
-    if (kw->packed && (c.vd == kw->vec_dot_r8 || packed_plain(kw)) && m % LLE_PACK_ROWS == 0 &&
-        (c.pw = lle_packed_find(type, kw->packed_layout, w, c.ws, m, k))) {
+    if (copy_serves_all(kw) && m % LLE_PACK_ROWS == 0 && (c.pw = lle_packed_find(type, kw->packed_layout, w, c.ws, m, k))) {
         /* every row through the packed kernel, each in the one-row order: no float scales to prepare */
         c.packed = kw->packed;
         c.gbytes = lle_packed_group_bytes(type, k);
@@ -799,7 +803,7 @@ int lle_matvec_group_impl(const lle_weight *const *ws, int count, const float *x
         }
         p->w = w->data;
         p->ws = w->row_bytes > 0 ? (size_t)w->row_bytes : (size_t)lle_row_size(type, w->k);
-        if (kw->packed && (p->vd == kw->vec_dot_r8 || packed_plain(kw)) && w->m % LLE_PACK_ROWS == 0 &&
+        if (copy_serves_all(kw) && w->m % LLE_PACK_ROWS == 0 &&
             (p->pw = lle_packed_find(type, kw->packed_layout, w->data, p->ws, w->m, w->k))) {
             p->packed = kw->packed;
             p->gbytes = lle_packed_group_bytes(type, w->k);
@@ -850,14 +854,13 @@ int lle_pack_weight(int type, const void *w, long long w_stride, long long m, lo
     const size_t ws = w_stride > 0 ? (size_t)w_stride : (size_t)lle_row_size(type, k);
     int r = 0;
     /* every type whose tier has packed kernels: they replace the repacked (Q4_K), tiled (Q6_K, 8+ rows)
-     * or only (Q4_1) order of its products. Where the copy serves every product (the r8 order takes every
-     * row count; a plain packed type has no other kernel), the source is never read again: 1, and its
-     * pages may go. Where it serves only the tiled products of 8+ rows (a decode reads the source): 2,
-     * and the source stays resident. */
+     * or only (Q4_1) order of its products. Where the copy serves every product, the source is never read
+     * again: 1, and its pages may go. Where it serves only the tiled products of 8+ rows (a decode reads the
+     * source): 2, and the source stays resident. */
     if (kw->packed && m % LLE_PACK_ROWS == 0 && lle_packed_group_bytes(type, k) > 0) {
-        const int replaces = (kw->vec_dot_r8 && m % 8 == 0) || packed_plain(kw);
-        r = lle_packed_add(type, kw->packed_layout, w, ws, m, k, release_source && replaces);
-        if (r == 1 && !replaces) r = 2;
+        const int all = copy_serves_all(kw);
+        r = lle_packed_add(type, kw->packed_layout, w, ws, m, k, release_source && all);
+        if (r == 1 && !all) r = 2;
     }
     lle_unlock();
     return r;

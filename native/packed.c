@@ -9,7 +9,7 @@
  * The registry is keyed by (type, address, rows, columns, row stride); for a weight in anonymous
  * memory it also keeps the first bytes and compares them on every lookup, so that a copy outliving
  * its weight (its owner forgot lle_unpack_weight and the memory was reused, or rewrote it) is not
- * applied to other data. A weight in a read-only file mapping is not read again (see pack_entry).
+ * applied to other data. A weight whose file pages were released is not read again (see pack_entry).
  * Calls happen under the library lock (api.c).
  */
 #include "common.h"
@@ -151,17 +151,18 @@ void lle_pack_rows(int type, int layout, const void *w, size_t ws, int64_t m, in
 
 /* A copy is found by its weight's address and shape. A weight in anonymous memory could be rewritten
  * in place, so its copy also keeps the first bytes it was made from and is used only while they match.
- * A weight in a read-only file mapping (from_file) is never read again after packing: the mapping
- * cannot be written through, it outlives the copy (the caller unpacks before unmapping), and reading
- * its head would fault the released pages back in (a whole large folio of the page cache at a time). */
+ * A weight whose pages were released (a read-only file mapping, see lle_packed_add) is never read again
+ * after packing: the mapping cannot be written through, it outlives the copy (the caller unpacks before
+ * unmapping), and reading its head would fault the released pages back in (a whole large folio of the
+ * page cache at a time). */
 typedef struct {
     const void *w; int type, layout; int64_t m, k; size_t ws;
-    void *packed; size_t bytes; int refs, from_file;
+    void *packed; size_t bytes; int refs, released;
     uint8_t head[FINGERPRINT];
 } pack_entry;
 
 static int entry_current(const pack_entry *e, const void *w) {
-    return e->from_file || memcmp(e->head, w, FINGERPRINT) == 0;
+    return e->released || memcmp(e->head, w, FINGERPRINT) == 0;
 }
 
 static pack_entry *g_packs;
@@ -197,7 +198,6 @@ const void *lle_packed_find(int type, int layout, const void *w, size_t ws, int6
  * unmapped with its last copy, so unloading a model still returns all of its memory. Only the pages
  * written are resident. Elsewhere each copy is its own mapping. */
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-#define LLE_SLABS 1
 #define HUGE_PAGE ((size_t)2 << 20)
 #define SLAB_BYTES ((size_t)32 << 20)
 #define LARGE_COPY ((size_t)4 << 20)
@@ -268,34 +268,39 @@ static void *alloc_copy(size_t bytes) {
     return p;
 }
 
+/* the slab the copy at p was carved from, or NULL (a large copy: its own mapping) */
+static slab *slab_of(const void *p) {
+    for (int i = 0; i < g_n_slabs; i++)
+        if ((const uint8_t *)p >= g_slabs[i].base && (const uint8_t *)p < g_slabs[i].base + SLAB_BYTES) return &g_slabs[i];
+    return NULL;
+}
+
 /* the copy at p is written: advise the huge-page extents now wholly written (see above) */
 static void copy_written(void *p, size_t bytes) {
-    for (int i = 0; i < g_n_slabs; i++) {
-        slab *s = &g_slabs[i];
-        if ((uint8_t *)p < s->base || (uint8_t *)p >= s->base + SLAB_BYTES) continue;
-        const size_t done = s->used / HUGE_PAGE * HUGE_PAGE;  /* copies are written as soon as carved */
-        if (done > s->advised) madvise(s->base + s->advised, done - s->advised, MADV_HUGEPAGE);
-        if (done > s->advised) s->advised = done;
+    slab *s = slab_of(p);
+    if (!s) {
+        const size_t whole = page_round(bytes) / HUGE_PAGE * HUGE_PAGE;
+        if (whole) madvise(p, whole, MADV_HUGEPAGE);
         return;
     }
-    const size_t whole = page_round(bytes) / HUGE_PAGE * HUGE_PAGE;  /* its own mapping */
-    if (whole) madvise(p, whole, MADV_HUGEPAGE);
+    const size_t done = s->used / HUGE_PAGE * HUGE_PAGE;  /* copies are written as soon as carved */
+    if (done > s->advised) {
+        madvise(s->base + s->advised, done - s->advised, MADV_HUGEPAGE);
+        s->advised = done;
+    }
 }
 
 static void free_copy(void *p, size_t bytes) {
     bytes = page_round(bytes);
-    for (int i = 0; i < g_n_slabs; i++) {
-        slab *s = &g_slabs[i];
-        if ((uint8_t *)p < s->base || (uint8_t *)p >= s->base + SLAB_BYTES) continue;
-        if (--s->live == 0) {
-            munmap(s->base, SLAB_BYTES);
-            g_slabs[i] = g_slabs[--g_n_slabs];  /* a fresh slab is made for the next copy */
-        } else {
-            madvise(p, bytes, MADV_DONTNEED);  /* its pages back to the OS now; the range is not reused */
-        }
-        return;
+    slab *s = slab_of(p);
+    if (!s) {
+        munmap(p, (bytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE);
+    } else if (--s->live == 0) {
+        munmap(s->base, SLAB_BYTES);
+        *s = g_slabs[--g_n_slabs];  /* a fresh slab is made for the next copy */
+    } else {
+        madvise(p, bytes, MADV_DONTNEED);  /* its pages back to the OS now; the range is not reused */
     }
-    munmap(p, (bytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE);
 }
 #else
 /* the copy's pages faulted in by one call, not one fault per page as the packer writes them */
@@ -355,7 +360,7 @@ static void pack_task(void *vctx, int ith, int nth) {
 static void pack_sliced(int type, int layout, const uint8_t *w, size_t ws, int64_t m, int64_t k, uint8_t *dst,
                         int release_source) {
     const int64_t ng = m / LLE_PACK_ROWS;
-    const int nth = lle_pool_threads() > 0 ? lle_pool_threads() : 1;
+    const int nth = lle_pool_threads();
     int64_t step = (int64_t)PACK_SLICE_BYTES * nth / ((int64_t)ws * LLE_PACK_ROWS);
     if (step < 1) step = 1;
     pack_job j = {type, layout, w, ws, k, dst, lle_packed_group_bytes(type, k), 0, 0, 1, 0};
@@ -417,7 +422,7 @@ int lle_packed_add(int type, int layout, const void *w, size_t ws, int64_t m, in
     e->packed = p;
     e->bytes = bytes;
     e->refs = 1;
-    e->from_file = release_source;
+    e->released = release_source;
     memcpy(e->head, head, FINGERPRINT);
     return 1;
 }
