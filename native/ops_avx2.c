@@ -313,6 +313,35 @@ LLE_INLINE float kq_ggml_f16(const lle_half *kh, const float *qv, int64_t d) {
 }
 
 /* scores of all t cells into w (-inf when masked); returns the max, sets [jlo, jhi] */
+/* Prefetches of KV head g's rows (`n` cells from cell j) for attention over a cell-major cache, where
+ * one head's rows are 128-byte runs strided by the other heads' and the hardware prefetchers catch
+ * few of them; a step's weights stream through the last-level cache between two visits of a
+ * layer, so without these every row is a miss that the scores or the sums wait for. The scores
+ * prefetch K rows KV_AHEAD cells ahead (and the first ones before they start) and the V rows of the
+ * cells they score: the V sum comes after the softmax and visits cells by lane (j, j + 32, ...),
+ * not in order. Prefetches are hints: nothing past the cache's t cells is touched. */
+enum { KV_AHEAD = 24 };
+
+LLE_INLINE void prefetch_rows(const uint8_t *base, int64_t stride_t, int64_t stride_h, const lle_attn_args *a,
+                              int64_t g, int64_t j, int64_t n, size_t esz) {
+    if (j + n > a->t) n = a->t - j;
+    const size_t row = (size_t)a->d * esz;
+    const uint8_t *r0 = base + ((size_t)j * stride_t + (size_t)g * stride_h) * esz;
+    for (int64_t c = 0; c < n; c++)
+        for (size_t o = 0; o < row; o += 64) _mm_prefetch((const char *)r0 + (size_t)c * stride_t * esz + o, _MM_HINT_T0);
+}
+
+/* before the scores: the first KV_AHEAD cells' K rows */
+LLE_INLINE void prefetch_kv_start(const lle_attn_args *a, int64_t g, size_t esz) {
+    prefetch_rows(a->k, a->ks_t, a->ks_h, a, g, 0, KV_AHEAD, esz);
+}
+
+/* while scoring the 8 cells at j: K rows KV_AHEAD cells on, V rows of these */
+LLE_INLINE void prefetch_kv8(const lle_attn_args *a, int64_t g, int64_t j, size_t esz) {
+    prefetch_rows(a->k, a->ks_t, a->ks_h, a, g, j + KV_AHEAD, 8, esz);
+    prefetch_rows(a->v, a->vs_t, a->vs_h, a, g, j, 8, esz);
+}
+
 LLE_INLINE float scores_blocked(const lle_attn_args *a, int64_t g, int qp, const float *qv, int tb, int f16,
                                 float *w, int64_t *jlo_out, int64_t *jhi_out) {
     const int64_t d = a->d, t = a->t;
@@ -324,6 +353,7 @@ LLE_INLINE float scores_blocked(const lle_attn_args *a, int64_t g, int qp, const
     const float inv_cap = a->softcap > 0 ? 1.0f / a->softcap : 0.0f;
     __m256 vmax = ninf;
     int64_t jlo = t, jhi = -1, j = 0;
+    prefetch_kv_start(a, g, esz);
     for (; j + 8 <= t; j += 8) {
         const int vis = visible8(a->k_pos + j, vqp, a->window, vwin);
         if (!vis) {
@@ -332,6 +362,7 @@ LLE_INLINE float scores_blocked(const lle_attn_args *a, int64_t g, int qp, const
         }
         if (jlo == t) jlo = j + __builtin_ctz((unsigned)vis);
         jhi = j + 31 - __builtin_clz((unsigned)vis);
+        prefetch_kv8(a, g, j, esz);
         const __m256 s = finish_scores8(tb ? kq8_tb(kb + j * kst, kst, qv, d, f16) : kq8_ggml(kb + j * kst, kst, qv, d, f16),
                                         vis, a, inv_cap, vscale, ninf);
         _mm256_storeu_ps(w + j, s);
@@ -623,6 +654,7 @@ LLE_INLINE void scores_group(const lle_attn_args *a, int64_t g, int qp, const fl
     __m256 vmax[LLE_ATTN_GROUP], s[LLE_ATTN_GROUP];
     for (int h = 0; h < nh; h++) vmax[h] = ninf;
     int64_t jlo = t, jhi = -1, j = 0;
+    prefetch_kv_start(a, g, 2);
     for (; j + 8 <= t; j += 8) {
         const int vis = visible8(a->k_pos + j, vqp, a->window, vwin);
         if (!vis) {
@@ -631,6 +663,7 @@ LLE_INLINE void scores_group(const lle_attn_args *a, int64_t g, int qp, const fl
         }
         if (jlo == t) jlo = j + __builtin_ctz((unsigned)vis);
         jhi = j + 31 - __builtin_clz((unsigned)vis);
+        prefetch_kv8(a, g, j, 2);
         kq8_ggml_group(kb + j * kst, kst, qv, nh, d, s);
         for (int h = 0; h < nh; h++) {
             const __m256 sh = finish_scores8(s[h], vis, a, inv_cap, vscale, ninf);
