@@ -133,9 +133,16 @@ class Sampler:
         ids, lg = c
         return ids, softmax(lg / o.temperature)
 
+    @property
+    def penalized(self) -> bool:
+        o = self.options
+        return o.repeat_penalty != 1.0 or o.presence_penalty != 0.0 or o.frequency_penalty != 0.0
+
     def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
         if self.greedy:
-            return int(np.argmax(self._penalized(logits, history)))
+            # without penalties, the argmax of the logits themselves: widening to float64 is exact and
+            # keeps their order, and a vocabulary-sized copy per token is a server step's cost per stream
+            return int(np.argmax(self._penalized(logits, history) if self.penalized else logits))
         ids, probs = self.distribution(logits, history)
         return int(ids[self.rng.choice(len(ids), p=probs)])
 
