@@ -141,9 +141,21 @@ def now_rfc3339() -> str:
     return rfc3339(time.time())
 
 
+_second: list[Any] = [None, ""]  # the last whole second formatted, and its text up to the fraction
+
+
 def rfc3339(t: float) -> str:
-    dt = datetime.fromtimestamp(t, UTC)
-    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond:06d}000Z"
+    """``t`` as Ollama's ``created_at`` (UTC, nanosecond digits). Every streamed token carries one,
+    so the date part is formatted once per second, not per token (it was a tenth of the event loop's
+    time with 4 streams)."""
+    sec = math.floor(t)
+    micro = round((t - sec) * 1e6)  # as datetime.fromtimestamp rounds (half to even), carry included
+    if micro >= 1000000:
+        sec, micro = sec + 1, micro - 1000000
+    if _second[0] != sec:
+        _second[1] = datetime.fromtimestamp(sec, UTC).strftime("%Y-%m-%dT%H:%M:%S.")
+        _second[0] = sec
+    return f"{_second[1]}{micro:06d}000Z"
 
 
 def final_fields(result: Any) -> dict[str, Any]:
