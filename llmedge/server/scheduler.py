@@ -147,6 +147,13 @@ class Job:
     async def next(self) -> tuple[str, Any]:
         return await self.items.get()
 
+    def ready(self) -> tuple[str, Any] | None:
+        """The next event if one is already queued, else None (no waiting)."""
+        try:
+            return self.items.get_nowait()
+        except asyncio.QueueEmpty:
+            return None
+
     def check(self) -> None:
         if self.cancelled.is_set():
             raise Cancelled()

@@ -82,10 +82,11 @@ async def respond(request: Request, job: Job, stream: bool, r: Renderer) -> Resp
     path = request.url.path
 
     async def body() -> AsyncIterator[bytes]:
+        # the events already queued go out as one write: a client that reads slower than the engine
+        # produces (several streams on a busy machine) then costs one send per batch, not per token
         k, p = kind, payload
         try:
-            for ev in r.opening():
-                yield _frame(ev, r.sse)
+            frames = [_frame(ev, r.sse) for ev in r.opening()]
             while True:
                 if k == "item":
                     events = r.item(p)
@@ -93,13 +94,20 @@ async def respond(request: Request, job: Job, stream: bool, r: Renderer) -> Resp
                     events = r.final(p)
                 else:
                     events = [errors.render(path, p)[1]]
-                for ev in events:
-                    yield _frame(ev, r.sse)
+                frames += [_frame(ev, r.sse) for ev in events]
                 if k != "item":
                     break
-                k, p = await job.next()
+                queued = job.ready()
+                if queued is None:
+                    if frames:
+                        yield b"".join(frames)
+                        frames = []
+                    queued = await job.next()
+                k, p = queued
             if r.sse:
-                yield b"data: [DONE]\n\n"
+                frames.append(b"data: [DONE]\n\n")
+            if frames:
+                yield b"".join(frames)
         finally:
             job.cancelled.set()
 
