@@ -146,3 +146,20 @@ def test_logprobs_on_both_protocols(url: str) -> None:
         top_logprobs=2)
     content = o.choices[0].logprobs.content
     assert len(content) == o.usage.completion_tokens and all(len(c.top_logprobs) == 2 for c in content)
+
+
+def test_created_at_is_the_instant_as_datetime_formats_it() -> None:
+    """created_at (every streamed token has one) caches its date part per second: the text must stay what
+    datetime gives for any instant, across second boundaries and where the microseconds round up."""
+    from datetime import UTC, datetime
+
+    from llmedge.server.ollama import rfc3339
+
+    def reference(t: float) -> str:
+        dt = datetime.fromtimestamp(t, UTC)
+        return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond:06d}000Z"
+
+    rng = np.random.default_rng(0)
+    instants = [*rng.uniform(0, 4e9, 2000), *(1.7e9 + rng.uniform(0, 5, 2000))]
+    instants += [1.7e9 + k + f for k in range(50) for f in (0.0, 0.9999995, 0.9999996, 0.0000005, 0.5)]
+    assert [rfc3339(float(t)) for t in instants] == [reference(float(t)) for t in instants]
