@@ -312,7 +312,6 @@ LLE_INLINE float kq_ggml_f16(const lle_half *kh, const float *qv, int64_t d) {
     return reduce_ggml4(s0, s1, s2, s3);
 }
 
-/* scores of all t cells into w (-inf when masked); returns the max, sets [jlo, jhi] */
 /* Prefetches of KV head g's rows (`n` cells from cell j) for attention over a cell-major cache, where
  * one head's rows are 128-byte runs strided by the other heads' and the hardware prefetchers catch
  * few of them; a step's weights stream through the last-level cache between two visits of a
@@ -342,6 +341,7 @@ LLE_INLINE void prefetch_kv8(const lle_attn_args *a, int64_t g, int64_t j, size_
     prefetch_rows(a->v, a->vs_t, a->vs_h, a, g, j, 8, esz);
 }
 
+/* scores of all t cells into w (-inf when masked); returns the max, sets [jlo, jhi] */
 LLE_INLINE float scores_blocked(const lle_attn_args *a, int64_t g, int qp, const float *qv, int tb, int f16,
                                 float *w, int64_t *jlo_out, int64_t *jhi_out) {
     const int64_t d = a->d, t = a->t;
