@@ -135,6 +135,7 @@ class Sampler:
 
     @property
     def penalized(self) -> bool:
+        """Whether any penalty (repeat, presence, frequency) changes the logits."""
         o = self.options
         return o.repeat_penalty != 1.0 or o.presence_penalty != 0.0 or o.frequency_penalty != 0.0
 

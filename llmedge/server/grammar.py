@@ -207,9 +207,9 @@ class RequestSampler(Sampler):
     def _local_history(self, allowed: np.ndarray, history: Sequence[int]) -> Sequence[int]:
         """The penalty window of ``history`` in candidate positions (-1 for tokens the grammar excludes:
         they stay at -inf whatever their penalty), so the chain on candidates penalizes as on the vocabulary."""
-        o = self.options
-        if o.repeat_penalty == 1.0 and o.presence_penalty == 0.0 and o.frequency_penalty == 0.0:
+        if not self.penalized:
             return ()
+        o = self.options
         n = len(history) if o.repeat_last_n < 0 else o.repeat_last_n
         if n == 0 or len(history) == 0:
             return ()

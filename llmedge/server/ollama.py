@@ -141,7 +141,7 @@ def now_rfc3339() -> str:
     return rfc3339(time.time())
 
 
-_second: list[Any] = [None, ""]  # the last whole second formatted, and its text up to the fraction
+_second: tuple[int | None, str] = (None, "")  # the last whole second formatted, and its text up to the fraction
 
 
 def rfc3339(t: float) -> str:
@@ -152,10 +152,11 @@ def rfc3339(t: float) -> str:
     micro = round((t - sec) * 1e6)  # as datetime.fromtimestamp rounds (half to even), carry included
     if micro >= 1000000:
         sec, micro = sec + 1, micro - 1000000
-    if _second[0] != sec:
-        _second[1] = datetime.fromtimestamp(sec, UTC).strftime("%Y-%m-%dT%H:%M:%S.")
-        _second[0] = sec
-    return f"{_second[1]}{micro:06d}000Z"
+    global _second
+    cached = _second  # one pair, read and replaced whole: other threads see the old one or the new
+    if cached[0] != sec:
+        cached = _second = (sec, datetime.fromtimestamp(sec, UTC).strftime("%Y-%m-%dT%H:%M:%S."))
+    return f"{cached[1]}{micro:06d}000Z"
 
 
 def final_fields(result: Any) -> dict[str, Any]:
