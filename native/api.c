@@ -612,40 +612,45 @@ typedef struct {
     int64_t chunk, n_chunks, counter;
 } mr_ctx;
 
+/* one chunk of weight rows against every activation row */
+static void mr_chunk(const mr_ctx *c, int64_t ch) {
+    const int64_t j0 = ch * c->chunk;
+    const int64_t j1 = j0 + c->chunk < c->m ? j0 + c->chunk : c->m;
+    if (c->pw) {  /* the chunk's groups, each against up to 4 activation rows while it is in L1 */
+        for (int64_t i = 0; i < c->n; i += 4) {
+            const int nr = c->n - i < 4 ? (int)(c->n - i) : 4;
+            c->packed(c->k, c->pw + j0 / LLE_PACK_ROWS * c->gbytes, (int)((j1 - j0) / LLE_PACK_ROWS),
+                      c->a + i * c->as, c->as, nr, 0, c->out + i * c->ldo + j0, (size_t)c->ldo);
+        }
+        return;
+    }
+    if (c->gemv_rows) {
+        for (int64_t i = 0; i < c->n; i += LLE_GEMV_ROWS) {
+            const int nr = c->n - i < LLE_GEMV_ROWS ? (int)(c->n - i) : LLE_GEMV_ROWS;
+            c->gemv_rows(c->k, c->w + j0 * c->ws, c->ws, (int)(j1 - j0), c->a + i * c->as, c->as,
+                         c->group_scales + i / LLE_GEMV_ROWS * c->group_stride, nr, c->out + i * c->ldo + j0,
+                         (size_t)c->ldo);
+        }
+        return;
+    }
+    for (int64_t i = 0; i < c->n; i++) {
+        const uint8_t *a = c->a + i * c->as;
+        float *out = c->out + i * c->ldo;
+        if (c->gemv) {
+            c->gemv(c->k, c->w + j0 * c->ws, c->ws, (int)(j1 - j0), a, c->scales + i * c->scale_stride, out + j0);
+        } else {
+            for (int64_t j = j0; j < j1; j++) c->vd(c->k, out + j, c->w + j * c->ws, a);
+        }
+    }
+}
+
 static void mr_task(void *vctx, int ith, int nth) {
     (void)ith; (void)nth;
     mr_ctx *c = vctx;
     for (;;) {
         const int64_t ch = lle_next_chunk(&c->counter);
         if (ch >= c->n_chunks) break;
-        const int64_t j0 = ch * c->chunk;
-        const int64_t j1 = j0 + c->chunk < c->m ? j0 + c->chunk : c->m;
-        if (c->pw) {  /* the chunk's groups, each against up to 4 activation rows while it is in L1 */
-            for (int64_t i = 0; i < c->n; i += 4) {
-                const int nr = c->n - i < 4 ? (int)(c->n - i) : 4;
-                c->packed(c->k, c->pw + j0 / LLE_PACK_ROWS * c->gbytes, (int)((j1 - j0) / LLE_PACK_ROWS),
-                          c->a + i * c->as, c->as, nr, 0, c->out + i * c->ldo + j0, (size_t)c->ldo);
-            }
-            continue;
-        }
-        if (c->gemv_rows) {
-            for (int64_t i = 0; i < c->n; i += LLE_GEMV_ROWS) {
-                const int nr = c->n - i < LLE_GEMV_ROWS ? (int)(c->n - i) : LLE_GEMV_ROWS;
-                c->gemv_rows(c->k, c->w + j0 * c->ws, c->ws, (int)(j1 - j0), c->a + i * c->as, c->as,
-                             c->group_scales + i / LLE_GEMV_ROWS * c->group_stride, nr, c->out + i * c->ldo + j0,
-                             (size_t)c->ldo);
-            }
-            continue;
-        }
-        for (int64_t i = 0; i < c->n; i++) {
-            const uint8_t *a = c->a + i * c->as;
-            float *out = c->out + i * c->ldo;
-            if (c->gemv) {
-                c->gemv(c->k, c->w + j0 * c->ws, c->ws, (int)(j1 - j0), a, c->scales + i * c->scale_stride, out + j0);
-            } else {
-                for (int64_t j = j0; j < j1; j++) c->vd(c->k, out + j, c->w + j * c->ws, a);
-            }
-        }
+        mr_chunk(c, ch);
     }
 }
 
@@ -659,77 +664,139 @@ int lle_set_gemv_rows(int enable) {
     return 0;
 }
 
-int lle_matmul_rows_impl(int type, const void *w, long long w_stride, long long m, long long k,
-                         const float *x, long long n, float *out, long long ldo) {
-    if (n <= 1) return lle_matmul_impl(type, w, w_stride, m, k, x, n, out, ldo);
+/* Fill c for w (m x k, `type`) times the n activation rows x (n >= 2), without running it. The rows
+ * are quantized into `sb`, unless `prev` (a part prepared before, of the same type and k, with the
+ * same activation layout) already holds them: then c reads prev's. */
+static int mr_prepare(mr_ctx *c, int type, const void *w, long long w_stride, long long m, long long k,
+                      const float *x, long long n, float *out, long long ldo, scratch_buf *sb, const mr_ctx *prev,
+                      int prev_type) {
     if (!valid_type(type) || m < 0 || k <= 0 || k > 0x7fffffff) return -1;
     if (lle_row_size(type, k) < 0) return -1;
-    if (m == 0) return 0;
+    memset(c, 0, sizeof(*c));
+    if (m == 0) return 0;  /* no chunks */
     const lle_kernels *kw = &g_active[type];
     const int vt = lle_type_traits[type].vec_type;
     const lle_from_float_fn ff = g_active[vt].from_float;
     if (!kw->vec_dot || !ff) return -1;
     const int nth = lle_pool_threads();
-    mr_ctx c = {0};
-    c.vd = kw->vec_dot;
-    c.gemv = kw->gemv;
+    c->vd = kw->vec_dot;
+    c->gemv = kw->gemv;
     if (kw->vec_dot_r8 && m % 8 == 0) {  /* as lle_matmul_impl for one row */
-        c.vd = kw->vec_dot_r8;
-        c.gemv = NULL;
+        c->vd = kw->vec_dot_r8;
+        c->gemv = NULL;
     }
-    c.w = w;
-    c.ws = w_stride > 0 ? (size_t)w_stride : (size_t)lle_row_size(type, k);
-    if (copy_serves_all(kw) && m % LLE_PACK_ROWS == 0 && (c.pw = lle_packed_find(type, kw->packed_layout, w, c.ws, m, k))) {
+    c->w = w;
+    c->ws = w_stride > 0 ? (size_t)w_stride : (size_t)lle_row_size(type, k);
+    if (copy_serves_all(kw) && m % LLE_PACK_ROWS == 0 && (c->pw = lle_packed_find(type, kw->packed_layout, w, c->ws, m, k))) {
         /* every row through the packed kernel, each in the one-row order: no float scales to prepare */
-        c.packed = kw->packed;
-        c.gbytes = lle_packed_group_bytes(type, k);
-        c.gemv = NULL;
+        c->packed = kw->packed;
+        c->gbytes = lle_packed_group_bytes(type, k);
+        c->gemv = NULL;
     }
-    const lle_act_scales_fn asf = c.gemv ? g_active[vt].act_scales : NULL;
-    if (!asf) c.gemv = NULL;
-    if (!c.pw && !g_rows_disabled && (c.gemv || (float_act(vt) && c.vd == kw->vec_dot))) c.gemv_rows = kw->gemv_rows;
-    c.m = m;
-    c.k = (int)k;
-    c.n = n;
-    c.out = out;
-    c.ldo = ldo > 0 ? ldo : m;
-    const int64_t nb = k / lle_type_traits[vt].block_size;
-    if (vt == T_F32) {
-        c.a = (const uint8_t *)x;
-        c.as = (size_t)k * sizeof(float);
-    } else {
-        c.as = act_stride(kw, c.pw, vt, k);
-        const size_t act_bytes = (c.as * (size_t)n + 63) & ~(size_t)63;
-        c.scale_stride = asf ? 2 * nb : 0;
-        const int64_t n_groups = (n + LLE_GEMV_ROWS - 1) / LLE_GEMV_ROWS;
-        c.group_stride = c.gemv_rows && asf ? 2 * nb * LLE_GEMV_ROWS : 0;
-        const size_t scale_floats = (size_t)(c.scale_stride * n + c.group_stride * n_groups);
-        uint8_t *a = scratch_get(&g_scratch_rows, act_bytes + scale_floats * sizeof(float));
-        if (!a) return -2;
-        float *scales = (float *)(a + act_bytes);
-        float *grouped = scales + c.scale_stride * n;
-        if (c.group_stride) memset(grouped, 0, (size_t)(c.group_stride * n_groups) * sizeof(float));
-        for (int64_t i = 0; i < n; i++) {
-            ff(x + i * k, a + i * c.as, k);
-            act_prep(kw, c.pw, k, a + i * c.as);
-            if (!asf) continue;
-            float *rs = scales + i * c.scale_stride;
-            asf((int)k, a + i * c.as, rs);
-            if (!c.group_stride) continue;
-            float *g = grouped + i / LLE_GEMV_ROWS * c.group_stride + i % LLE_GEMV_ROWS;
-            for (int64_t b = 0; b < 2 * nb; b++) g[b * LLE_GEMV_ROWS] = rs[b];
-        }
-        c.a = a;
-        c.scales = scales;
-        c.group_scales = grouped;
-    }
+    const lle_act_scales_fn asf = c->gemv ? g_active[vt].act_scales : NULL;
+    if (!asf) c->gemv = NULL;
+    if (!c->pw && !g_rows_disabled && (c->gemv || (float_act(vt) && c->vd == kw->vec_dot))) c->gemv_rows = kw->gemv_rows;
+    c->m = m;
+    c->k = (int)k;
+    c->n = n;
+    c->out = out;
+    c->ldo = ldo > 0 ? ldo : m;
     int64_t chunk = m / (nth * 16);  /* the one-row product's chunks (a gemv's rows group by chunk) */
     if (chunk < 8) chunk = 8;
-    if (c.pw) chunk = (chunk + LLE_PACK_ROWS - 1) / LLE_PACK_ROWS * LLE_PACK_ROWS;
-    c.chunk = chunk;
-    c.n_chunks = (m + chunk - 1) / chunk;
-    if (nth == 1 || c.n_chunks == 1 || (int64_t)c.ws * m < 16384) mr_task(&c, 0, 1);
+    if (c->pw) chunk = (chunk + LLE_PACK_ROWS - 1) / LLE_PACK_ROWS * LLE_PACK_ROWS;
+    c->chunk = chunk;
+    c->n_chunks = (m + chunk - 1) / chunk;
+    const int64_t nb = k / lle_type_traits[vt].block_size;
+    if (vt == T_F32) {
+        c->a = (const uint8_t *)x;
+        c->as = (size_t)k * sizeof(float);
+        return 0;
+    }
+    c->as = act_stride(kw, c->pw, vt, k);
+    c->scale_stride = asf ? 2 * nb : 0;
+    c->group_stride = c->gemv_rows && asf ? 2 * nb * LLE_GEMV_ROWS : 0;
+    if (prev && prev_type == type && prev->k == c->k && !prev->pw == !c->pw && prev->as == c->as &&
+        prev->scale_stride == c->scale_stride && prev->group_stride == c->group_stride) {
+        c->a = prev->a;
+        c->scales = prev->scales;
+        c->group_scales = prev->group_scales;
+        return 0;
+    }
+    const size_t act_bytes = (c->as * (size_t)n + 63) & ~(size_t)63;
+    const int64_t n_groups = (n + LLE_GEMV_ROWS - 1) / LLE_GEMV_ROWS;
+    const size_t scale_floats = (size_t)(c->scale_stride * n + c->group_stride * n_groups);
+    uint8_t *a = scratch_get(sb, act_bytes + scale_floats * sizeof(float));
+    if (!a) return -2;
+    float *scales = (float *)(a + act_bytes);
+    float *grouped = scales + c->scale_stride * n;
+    if (c->group_stride) memset(grouped, 0, (size_t)(c->group_stride * n_groups) * sizeof(float));
+    for (int64_t i = 0; i < n; i++) {
+        ff(x + i * k, a + i * c->as, k);
+        act_prep(kw, c->pw, k, a + i * c->as);
+        if (!asf) continue;
+        float *rs = scales + i * c->scale_stride;
+        asf((int)k, a + i * c->as, rs);
+        if (!c->group_stride) continue;
+        float *g = grouped + i / LLE_GEMV_ROWS * c->group_stride + i % LLE_GEMV_ROWS;
+        for (int64_t b = 0; b < 2 * nb; b++) g[b * LLE_GEMV_ROWS] = rs[b];
+    }
+    c->a = a;
+    c->scales = scales;
+    c->group_scales = grouped;
+    return 0;
+}
+
+int lle_matmul_rows_impl(int type, const void *w, long long w_stride, long long m, long long k,
+                         const float *x, long long n, float *out, long long ldo) {
+    if (n <= 1) return lle_matmul_impl(type, w, w_stride, m, k, x, n, out, ldo);
+    mr_ctx c;
+    const int rc = mr_prepare(&c, type, w, w_stride, m, k, x, n, out, ldo, &g_scratch_rows, NULL, -1);
+    if (rc || c.n_chunks == 0) return rc;
+    if (lle_pool_threads() == 1 || c.n_chunks == 1 || (int64_t)c.ws * m < 16384) mr_task(&c, 0, 1);
     else lle_pool_run(mr_task, &c);
+    return 0;
+}
+
+/* Several weights (as a layer's Q, K and V, or gate and up) times the same n activation rows, in one
+ * pool job: each product bit for bit lle_matmul_rows_impl's (the same chunks, kernels and quantized
+ * rows, which weights of one type share), with one wake-up, one quantization and one tail instead of
+ * one per weight. */
+typedef struct { mr_ctx p[LLE_MAX_GROUP]; int np; int64_t c0[LLE_MAX_GROUP + 1]; int64_t counter; } mrg_ctx;
+
+static scratch_buf g_scratch_rows_group[LLE_MAX_GROUP];
+
+static void mrg_task(void *vctx, int ith, int nth) {
+    (void)ith; (void)nth;
+    mrg_ctx *c = vctx;
+    int part = 0;
+    for (;;) {
+        const int64_t ch = lle_next_chunk(&c->counter);
+        if (ch >= c->c0[c->np]) break;
+        while (ch >= c->c0[part + 1]) part++;  /* chunks are claimed in increasing order */
+        mr_chunk(&c->p[part], ch - c->c0[part]);
+    }
+}
+
+int lle_matmul_rows_group_impl(const lle_weight *const *ws, int count, const float *x, long long n,
+                               float *const *outs) {
+    if (count < 1 || count > LLE_MAX_GROUP) return -1;
+    if (n == 1) return lle_matvec_group_impl(ws, count, x, outs);
+    if (n < 1) return -1;
+    mrg_ctx c;
+    c.np = count;
+    c.counter = 0;
+    c.c0[0] = 0;
+    int64_t bytes = 0;
+    for (int i = 0; i < count; i++) {
+        const lle_weight *w = ws[i];
+        const int rc = mr_prepare(&c.p[i], w->type, w->data, w->row_bytes, w->m, w->k, x, n, outs[i], w->m,
+                                  &g_scratch_rows_group[i], i ? &c.p[i - 1] : NULL, i ? ws[i - 1]->type : -1);
+        if (rc) return rc;
+        c.c0[i + 1] = c.c0[i] + c.p[i].n_chunks;
+        bytes += (int64_t)c.p[i].ws * w->m;
+    }
+    if (lle_pool_threads() == 1 || bytes < 16384) mrg_task(&c, 0, 1);
+    else lle_pool_run(mrg_task, &c);
     return 0;
 }
 

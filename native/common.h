@@ -388,6 +388,10 @@ int lle_matmul_impl(int type, const void *w, long long w_stride, long long m, lo
 int lle_matmul_rows_impl(int type, const void *w, long long w_stride, long long m, long long k,
                          const float *x, long long n, float *out, long long ldo);
 int lle_matvec_group_impl(const lle_weight *const *ws, int count, const float *x, float *const *outs);
+/* n >= 1 activation rows times up to LLE_MAX_GROUP weights in one pool job, each product bit-identical
+ * to lle_matmul_rows_impl's (a decode step's Q, K and V, or gate and up, of several sequences) */
+int lle_matmul_rows_group_impl(const lle_weight *const *ws, int count, const float *x, long long n,
+                               float *const *outs);
 int lle_rms_norm_impl(const float *x, const float *w, long long n, long long d, float eps, float *out);
 int lle_rope_impl(const float *x, const int *pos, long long n, long long n_head, long long head_dim,
                   int n_rot, float freq_base, float freq_scale, int neox, const float *freq_factors,

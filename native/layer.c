@@ -145,10 +145,10 @@ static int layer_forward(const lle_layer *L, float *x, long long n, const int *p
         float *qkv = buf(10, (size_t)n * (nq + 2 * nk));
         if (!qkv) return -2;
         TIMED(P_QKV, rc |= mm(&L->wq, xn, n, qkv); split_rows(qkv, n, nq, nk, nk, q, k, v));
-    } else if (n == 1) {
+    } else if (n == 1 || g_rows) {  /* one pool job for the three (each product as alone) */
         const lle_weight *wqkv[3] = {&L->wq, &L->wk, &L->wv};
         float *oqkv[3] = {q, k, v};
-        TIMED(P_QKV, rc |= lle_matvec_group_impl(wqkv, 3, xn, oqkv));
+        TIMED(P_QKV, rc |= lle_matmul_rows_group_impl(wqkv, 3, xn, n, oqkv));
     } else {
         TIMED(P_QKV, rc |= mm(&L->wq, xn, n, q); rc |= mm(&L->wk, xn, n, k); rc |= mm(&L->wv, xn, n, v));
     }
@@ -218,10 +218,10 @@ static int layer_forward(const lle_layer *L, float *x, long long n, const int *p
         float *gu = buf(10, (size_t)n * 2 * L->n_ff);
         if (!gu) return -2;
         TIMED(P_GATE_UP, rc |= mm(&L->up, xn, n, gu); split_rows(gu, n, L->n_ff, L->n_ff, 0, gate, up, NULL));
-    } else if (n == 1) {
+    } else if (n == 1 || g_rows) {
         const lle_weight *wgu[2] = {&L->gate, &L->up};
         float *ogu[2] = {gate, up};
-        TIMED(P_GATE_UP, rc |= lle_matvec_group_impl(wgu, 2, xn, ogu));
+        TIMED(P_GATE_UP, rc |= lle_matmul_rows_group_impl(wgu, 2, xn, n, ogu));
     } else {
         TIMED(P_GATE_UP, rc |= mm(&L->gate, xn, n, gate); rc |= mm(&L->up, xn, n, up));
     }
