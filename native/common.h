@@ -383,6 +383,15 @@ LLE_INLINE int64_t lle_next_chunk(int64_t *counter) {
 /* ---- unlocked op bodies (the public lle_* wrappers take the library lock); for fused callers ---- */
 int lle_matmul_impl(int type, const void *w, long long w_stride, long long m, long long k,
                     const float *x, long long n, float *out, long long ldo);
+/* Background prefetch: memory the next op will read (the next layer's K/V cells), pulled into cache by
+ * the matrix products' threads a few lines after each chunk, while the products keep the vector units
+ * busy. lle_bg_prefetch_set (under the lock, before the products' pool jobs) replaces the pending
+ * ranges (n = 0 clears them); lle_bg_prefetch_some is what a product task calls between chunks. */
+typedef struct { const void *p; size_t bytes; } lle_pf_range;
+#define LLE_BG_MAX_RANGES 64
+void lle_bg_prefetch_set(const lle_pf_range *r, int n);
+void lle_bg_prefetch_some(void);
+
 #define LLE_MAX_GROUP 4
 /* one activation row times up to LLE_MAX_GROUP weights, in one pool job (bit-identical to separate calls) */
 int lle_matmul_rows_impl(int type, const void *w, long long w_stride, long long m, long long k,
