@@ -650,7 +650,7 @@ int lle_matmul(int type, const void *w, long long w_stride, long long m, long lo
 typedef struct {
     lle_vec_dot_fn vd; lle_gemv_fn gemv; lle_gemv_rows_fn gemv_rows;
     lle_packed_fn packed; const uint8_t *pw; int64_t gbytes;  /* a packed copy (see mm_ctx) */
-    const uint8_t *w; size_t ws; int64_t m; int k;
+    int type; const uint8_t *w; size_t ws; int64_t m; int k;
     const uint8_t *a; size_t as; int64_t n;
     const float *scales; int64_t scale_stride;
     const float *group_scales; int64_t group_stride;  /* gemv_rows: per 8-row group, interleaved by row */
@@ -712,14 +712,14 @@ int lle_set_gemv_rows(int enable) {
 }
 
 /* Fill c for w (m x k, `type`) times the n activation rows x (n >= 2), without running it. The rows
- * are quantized into `sb`, unless `prev` (a part prepared before, of the same type and k, with the
- * same activation layout) already holds them: then c reads prev's. */
+ * are quantized into `sb`, unless `prev` (a part prepared before from the same x, of the same type and
+ * k, with the same activation layout) already holds them: then c reads prev's. */
 static int mr_prepare(mr_ctx *c, int type, const void *w, long long w_stride, long long m, long long k,
-                      const float *x, long long n, float *out, long long ldo, scratch_buf *sb, const mr_ctx *prev,
-                      int prev_type) {
+                      const float *x, long long n, float *out, long long ldo, scratch_buf *sb, const mr_ctx *prev) {
     if (!valid_type(type) || m < 0 || k <= 0 || k > 0x7fffffff) return -1;
     if (lle_row_size(type, k) < 0) return -1;
     memset(c, 0, sizeof(*c));
+    c->type = type;
     if (m == 0) return 0;  /* no chunks */
     const lle_kernels *kw = &g_active[type];
     const int vt = lle_type_traits[type].vec_type;
@@ -762,7 +762,7 @@ static int mr_prepare(mr_ctx *c, int type, const void *w, long long w_stride, lo
     c->as = act_stride(kw, c->pw, vt, k);
     c->scale_stride = asf ? 2 * nb : 0;
     c->group_stride = c->gemv_rows && asf ? 2 * nb * LLE_GEMV_ROWS : 0;
-    if (prev && prev_type == type && prev->k == c->k && !prev->pw == !c->pw && prev->as == c->as &&
+    if (prev && prev->type == type && prev->k == c->k && !prev->pw == !c->pw && prev->as == c->as &&
         prev->scale_stride == c->scale_stride && prev->group_stride == c->group_stride) {
         c->a = prev->a;
         c->scales = prev->scales;
@@ -797,7 +797,7 @@ int lle_matmul_rows_impl(int type, const void *w, long long w_stride, long long 
                          const float *x, long long n, float *out, long long ldo) {
     if (n <= 1) return lle_matmul_impl(type, w, w_stride, m, k, x, n, out, ldo);
     mr_ctx c;
-    const int rc = mr_prepare(&c, type, w, w_stride, m, k, x, n, out, ldo, &g_scratch_rows, NULL, -1);
+    const int rc = mr_prepare(&c, type, w, w_stride, m, k, x, n, out, ldo, &g_scratch_rows, NULL);
     if (rc || c.n_chunks == 0) return rc;
     if (lle_pool_threads() == 1 || c.n_chunks == 1 || (int64_t)c.ws * m < 16384) mr_task(&c, 0, 1);
     else lle_pool_run(mr_task, &c);
@@ -838,7 +838,7 @@ int lle_matmul_rows_group_impl(const lle_weight *const *ws, int count, const flo
     for (int i = 0; i < count; i++) {
         const lle_weight *w = ws[i];
         const int rc = mr_prepare(&c.p[i], w->type, w->data, w->row_bytes, w->m, w->k, x, n, outs[i], w->m,
-                                  &g_scratch_rows_group[i], i ? &c.p[i - 1] : NULL, i ? ws[i - 1]->type : -1);
+                                  &g_scratch_rows_group[i], i ? &c.p[i - 1] : NULL);
         if (rc) return rc;
         c.c0[i + 1] = c.c0[i] + c.p[i].n_chunks;
         bytes += (int64_t)c.p[i].ws * w->m;

@@ -392,10 +392,10 @@ typedef struct { const void *p; size_t bytes; } lle_pf_range;
 void lle_bg_prefetch_set(const lle_pf_range *r, int n);
 void lle_bg_prefetch_some(void);
 
-#define LLE_MAX_GROUP 4
-/* one activation row times up to LLE_MAX_GROUP weights, in one pool job (bit-identical to separate calls) */
 int lle_matmul_rows_impl(int type, const void *w, long long w_stride, long long m, long long k,
                          const float *x, long long n, float *out, long long ldo);
+#define LLE_MAX_GROUP 4
+/* one activation row times up to LLE_MAX_GROUP weights, in one pool job (bit-identical to separate calls) */
 int lle_matvec_group_impl(const lle_weight *const *ws, int count, const float *x, float *const *outs);
 /* n >= 1 activation rows times up to LLE_MAX_GROUP weights in one pool job, each product bit-identical
  * to lle_matmul_rows_impl's (a decode step's Q, K and V, or gate and up, of several sequences) */

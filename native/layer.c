@@ -131,27 +131,25 @@ static void add_bias(float *x, const float *bias, long long n, int d) {
     }
 }
 
-/* while this layer's products run, their threads pull the next layer's K/V cells of every sequence
- * into cache (lle_bg_prefetch_set): attention then reads them from cache instead of memory */
-static const lle_layer *g_layers = NULL;  /* the stack being run (run_layers) */
-static int g_n_layer = 0;
-static void prefetch_next_layer(lle_kv *const *kv, int n_seqs, int il) {
+/* while this layer's products run, their threads pull the K/V cells of every sequence in layer il + 1
+ * (`next`, NULL after the last layer) into cache (lle_bg_prefetch_set): attention then reads them from
+ * cache instead of memory */
+static void prefetch_next_layer(const lle_layer *next, lle_kv *const *kv, int n_seqs, int il) {
     lle_pf_range r[LLE_BG_MAX_RANGES];
     int n = 0;
-    if (il + 1 < g_n_layer)
+    if (next)
         for (int s = 0; s < n_seqs && n + 2 <= LLE_BG_MAX_RANGES; s++) {
             const lle_kv *c = &kv[s][il + 1];
             if (c->kv_type == KV_Q8_0) continue;
-            const lle_layer *L = &g_layers[il + 1];
-            const size_t row = (size_t)L->n_kv_head * L->head_dim * (c->kv_type == KV_F16 ? 2 : 4);
+            const size_t row = (size_t)next->n_kv_head * next->head_dim * (c->kv_type == KV_F16 ? 2 : 4);
             r[n++] = (lle_pf_range){c->k, row * (size_t)c->n_cells};
             r[n++] = (lle_pf_range){c->v, row * (size_t)c->n_cells};
         }
     lle_bg_prefetch_set(r, n);
 }
 
-static int layer_forward(const lle_layer *L, float *x, long long n, const int *pos, int n_seqs,
-                         const int *seq_rows, lle_kv *const *kv, int il) {
+static int layer_forward(const lle_layer *L, const lle_layer *next, float *x, long long n, const int *pos,
+                         int n_seqs, const int *seq_rows, lle_kv *const *kv, int il) {
     const int d = L->n_embd, hd = L->head_dim, nq = L->n_head * hd, nk = L->n_kv_head * hd;
     float *xn = buf(0, (size_t)n * d), *q = buf(1, (size_t)n * nq), *k = buf(2, (size_t)n * nk);
     float *v = buf(3, (size_t)n * nk), *ao = buf(4, (size_t)n * nq), *h = buf(5, (size_t)n * d);
@@ -226,7 +224,7 @@ static int layer_forward(const lle_layer *L, float *x, long long n, const int *p
                                            L->window, L->softcap, ao + (size_t)r * nq));
     }
     if (n_one) TIMED(P_ATTN, rc |= lle_attention_rows_impl(one, n_one));
-    prefetch_next_layer(kv, n_seqs, il);
+    prefetch_next_layer(next, kv, n_seqs, il);
     TIMED(P_OUT, rc |= mm(&L->wo, ao, n, h));
     if (L->bo) add_bias(h, L->bo, n, d);
     if (L->post_attn_norm) TIMED(P_NORM, rc |= lle_rms_norm_impl(h, L->post_attn_norm, n, d, L->eps, h));
@@ -304,10 +302,8 @@ static int run_layers(const lle_layer *layers, int n_layer, float *x, long long 
     int rc = kv_reserve(n_layer, n_seqs, seq_rows, pos, kv);
     if (g_profile) g_prof_calls += 1;
     g_rows = rows;
-    g_layers = layers;
-    g_n_layer = n_layer;
     for (int il = 0; il < n_layer && rc == 0; il++)
-        rc = layer_forward(&layers[il], x, n, pos, n_seqs, seq_rows, kv, il);
+        rc = layer_forward(&layers[il], il + 1 < n_layer ? &layers[il + 1] : NULL, x, n, pos, n_seqs, seq_rows, kv, il);
     g_rows = 0;
     lle_bg_prefetch_set(NULL, 0);
     lle_unlock();
