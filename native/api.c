@@ -53,14 +53,17 @@ static void *scratch_get(scratch_buf *b, size_t bytes) {
     return p;
 }
 
-/* ---- background prefetch (see common.h): ranges cut into lines, handed out by an atomic cursor */
+/* ---- background prefetch (see common.h): ranges cut into lines, each thread's share of them handed
+ * out by that thread's own cursor */
 enum { BG_LINES = 32 };  /* lines per call: a chunk of a product takes ~1 us, 32 lines of DRAM ~0.1 us of bandwidth */
 #define BG_CAP ((size_t)512 * 1024)
+typedef struct { _Alignas(64) int64_t line, end; } lle_bg_cursor;
 static struct {
     lle_pf_range r[LLE_BG_MAX_RANGES];
     int64_t end[LLE_BG_MAX_RANGES];  /* cumulative line counts */
-    int n;
-    int64_t total, cursor;
+    int n, shares;
+    int64_t total;
+    lle_bg_cursor cursor[LLE_CHUNK_RANGES];
 } g_bg;
 
 void lle_bg_prefetch_set(const lle_pf_range *r, int n) {
@@ -79,13 +82,21 @@ void lle_bg_prefetch_set(const lle_pf_range *r, int n) {
     }
     g_bg.n = k;
     g_bg.total = total;
-    __atomic_store_n(&g_bg.cursor, 0, __ATOMIC_RELEASE);
+    const int nth = lle_pool_threads();
+    g_bg.shares = nth < 1 ? 1 : nth > LLE_CHUNK_RANGES ? LLE_CHUNK_RANGES : nth;
+    for (int t = 0; t < g_bg.shares; t++) {
+        g_bg.cursor[t].end = total * (t + 1) / g_bg.shares;
+        __atomic_store_n(&g_bg.cursor[t].line, total * t / g_bg.shares, __ATOMIC_RELEASE);
+    }
 }
 
-void lle_bg_prefetch_some(void) {
-    if (__atomic_load_n(&g_bg.cursor, __ATOMIC_RELAXED) >= g_bg.total) return;
-    int64_t line = __atomic_fetch_add(&g_bg.cursor, BG_LINES, __ATOMIC_RELAXED);
-    const int64_t stop = line + BG_LINES < g_bg.total ? line + BG_LINES : g_bg.total;
+void lle_bg_prefetch_some(int ith) {
+    if (!g_bg.n) return;
+    lle_bg_cursor *cur = &g_bg.cursor[ith % g_bg.shares];
+    const int64_t end = cur->end;
+    if (__atomic_load_n(&cur->line, __ATOMIC_RELAXED) >= end) return;
+    int64_t line = __atomic_fetch_add(&cur->line, BG_LINES, __ATOMIC_RELAXED);
+    const int64_t stop = line + BG_LINES < end ? line + BG_LINES : end;
     int i = 0;
     while (i < g_bg.n && line >= g_bg.end[i]) i++;
     for (; line < stop && i < g_bg.n; line++) {
@@ -420,7 +431,8 @@ typedef struct {
     /* decode chunks / prefill tiles */
     int64_t chunk, n_chunks;
     int64_t tm, tn, ntm, ntn;
-    int64_t counter;
+    int64_t counter;      /* activation rows, prefill tiles */
+    lle_chunks chunks;    /* decode chunks */
 } mm_ctx;
 
 /* quantize activation row i; for tiles, also scatter its float block scales into the row's lane of
@@ -458,13 +470,13 @@ static void mm_quantize_task(void *vctx, int ith, int nth) {
 }
 
 static void mm_rows_task(void *vctx, int ith, int nth) {
-    (void)ith; (void)nth;
+    (void)nth;
     mm_ctx *c = vctx;
     const lle_vec_dot_fn vd = c->vd;
     const lle_gemv_fn gemv = c->scales ? c->gemv : NULL;
     for (;;) {
-        const int64_t ch = lle_next_chunk(&c->counter);
-        if (ch >= c->n_chunks) break;
+        const int64_t ch = lle_chunks_next(&c->chunks, ith);
+        if (ch < 0) break;
         const int64_t j0 = ch * c->chunk;
         const int64_t j1 = j0 + c->chunk < c->m ? j0 + c->chunk : c->m;
         if (c->pw) {
@@ -475,7 +487,7 @@ static void mm_rows_task(void *vctx, int ith, int nth) {
         } else {
             for (int64_t j = j0; j < j1; j++) vd(c->k, c->out + j, c->w + j * c->ws, c->a);
         }
-        lle_bg_prefetch_some();
+        lle_bg_prefetch_some(ith);
     }
 }
 
@@ -613,7 +625,9 @@ int lle_matmul_impl(int type, const void *w, long long w_stride, long long m, lo
         c.chunk = chunk;
         c.n_chunks = (m + chunk - 1) / chunk;
         /* small products (under ~16 KB of weights) are not worth waking the pool */
-        if (nth == 1 || c.n_chunks == 1 || (int64_t)c.ws * m < 16384) mm_rows_task(&c, 0, 1);
+        const int alone = nth == 1 || c.n_chunks == 1 || (int64_t)c.ws * m < 16384;
+        lle_chunks_init(&c.chunks, c.n_chunks, alone ? 1 : nth);
+        if (alone) mm_rows_task(&c, 0, 1);
         else lle_pool_run(mm_rows_task, &c);
     } else {
         int64_t tm = 16384 / (int64_t)c.ws;
@@ -655,7 +669,8 @@ typedef struct {
     const float *scales; int64_t scale_stride;
     const float *group_scales; int64_t group_stride;  /* gemv_rows: per 8-row group, interleaved by row */
     float *out; int64_t ldo;
-    int64_t chunk, n_chunks, counter;
+    int64_t chunk, n_chunks;
+    lle_chunks chunks;  /* of lle_matmul_rows_impl's job (a group's job has its own) */
 } mr_ctx;
 
 /* one chunk of weight rows against every activation row */
@@ -691,13 +706,13 @@ static void mr_chunk(const mr_ctx *c, int64_t ch) {
 }
 
 static void mr_task(void *vctx, int ith, int nth) {
-    (void)ith; (void)nth;
+    (void)nth;
     mr_ctx *c = vctx;
     for (;;) {
-        const int64_t ch = lle_next_chunk(&c->counter);
-        if (ch >= c->n_chunks) break;
+        const int64_t ch = lle_chunks_next(&c->chunks, ith);
+        if (ch < 0) break;
         mr_chunk(c, ch);
-        lle_bg_prefetch_some();
+        lle_bg_prefetch_some(ith);
     }
 }
 
@@ -799,7 +814,9 @@ int lle_matmul_rows_impl(int type, const void *w, long long w_stride, long long 
     mr_ctx c;
     const int rc = mr_prepare(&c, type, w, w_stride, m, k, x, n, out, ldo, &g_scratch_rows, NULL);
     if (rc || c.n_chunks == 0) return rc;
-    if (lle_pool_threads() == 1 || c.n_chunks == 1 || (int64_t)c.ws * m < 16384) mr_task(&c, 0, 1);
+    const int nth = lle_pool_threads(), alone = nth == 1 || c.n_chunks == 1 || (int64_t)c.ws * m < 16384;
+    lle_chunks_init(&c.chunks, c.n_chunks, alone ? 1 : nth);
+    if (alone) mr_task(&c, 0, 1);
     else lle_pool_run(mr_task, &c);
     return 0;
 }
@@ -808,20 +825,20 @@ int lle_matmul_rows_impl(int type, const void *w, long long w_stride, long long 
  * pool job: each product bit for bit lle_matmul_rows_impl's (the same chunks, kernels and quantized
  * rows, which weights of one type share), with one wake-up, one quantization and one tail instead of
  * one per weight. */
-typedef struct { mr_ctx p[LLE_MAX_GROUP]; int np; int64_t c0[LLE_MAX_GROUP + 1]; int64_t counter; } mrg_ctx;
+typedef struct { mr_ctx p[LLE_MAX_GROUP]; int np; int64_t c0[LLE_MAX_GROUP + 1]; lle_chunks chunks; } mrg_ctx;
 
 static scratch_buf g_scratch_rows_group[LLE_MAX_GROUP];
 
 static void mrg_task(void *vctx, int ith, int nth) {
-    (void)ith; (void)nth;
+    (void)nth;
     mrg_ctx *c = vctx;
-    int part = 0;
     for (;;) {
-        const int64_t ch = lle_next_chunk(&c->counter);
-        if (ch >= c->c0[c->np]) break;
-        while (ch >= c->c0[part + 1]) part++;  /* chunks are claimed in increasing order */
+        const int64_t ch = lle_chunks_next(&c->chunks, ith);
+        if (ch < 0) break;
+        int part = 0;
+        while (ch >= c->c0[part + 1]) part++;
         mr_chunk(&c->p[part], ch - c->c0[part]);
-        lle_bg_prefetch_some();
+        lle_bg_prefetch_some(ith);
     }
 }
 
@@ -832,7 +849,6 @@ int lle_matmul_rows_group_impl(const lle_weight *const *ws, int count, const flo
     if (n < 1) return -1;
     mrg_ctx c;
     c.np = count;
-    c.counter = 0;
     c.c0[0] = 0;
     int64_t bytes = 0;
     for (int i = 0; i < count; i++) {
@@ -843,7 +859,9 @@ int lle_matmul_rows_group_impl(const lle_weight *const *ws, int count, const flo
         c.c0[i + 1] = c.c0[i] + c.p[i].n_chunks;
         bytes += (int64_t)c.p[i].ws * w->m;
     }
-    if (lle_pool_threads() == 1 || bytes < 16384) mrg_task(&c, 0, 1);
+    const int nth = lle_pool_threads(), alone = nth == 1 || bytes < 16384;
+    lle_chunks_init(&c.chunks, c.c0[count], alone ? 1 : nth);
+    if (alone) mrg_task(&c, 0, 1);
     else lle_pool_run(mrg_task, &c);
     return 0;
 }
@@ -869,16 +887,16 @@ typedef struct {
     float *out; int64_t chunk, c0, c1;  /* this product's chunks are [c0, c1) of the job */
 } mv_part;
 
-typedef struct { mv_part p[LLE_MAX_GROUP]; int np; int64_t n_chunks; int64_t counter; } mv_ctx;
+typedef struct { mv_part p[LLE_MAX_GROUP]; int np; int64_t n_chunks; lle_chunks chunks; } mv_ctx;
 
 static scratch_buf g_scratch_group[LLE_MAX_GROUP];
 
 static void mv_task(void *vctx, int ith, int nth) {
-    (void)ith; (void)nth;
+    (void)nth;
     mv_ctx *c = vctx;
     for (;;) {
-        const int64_t ch = lle_next_chunk(&c->counter);
-        if (ch >= c->n_chunks) break;
+        const int64_t ch = lle_chunks_next(&c->chunks, ith);
+        if (ch < 0) break;
         int i = 0;
         while (ch >= c->p[i].c1) i++;
         const mv_part *p = &c->p[i];
@@ -892,7 +910,7 @@ static void mv_task(void *vctx, int ith, int nth) {
         } else {
             for (int64_t j = j0; j < j1; j++) p->vd(p->k, p->out + j, p->w + j * p->ws, p->a);
         }
-        lle_bg_prefetch_some();
+        lle_bg_prefetch_some(ith);
     }
 }
 
@@ -955,7 +973,9 @@ int lle_matvec_group_impl(const lle_weight *const *ws, int count, const float *x
         p->c1 = c.n_chunks;
         bytes += (int64_t)p->ws * p->m;
     }
-    if (nth == 1 || bytes < 16384) mv_task(&c, 0, 1);
+    const int alone = nth == 1 || bytes < 16384;
+    lle_chunks_init(&c.chunks, c.n_chunks, alone ? 1 : nth);
+    if (alone) mv_task(&c, 0, 1);
     else lle_pool_run(mv_task, &c);
     return 0;
 }

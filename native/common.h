@@ -380,17 +380,33 @@ LLE_INLINE int64_t lle_next_chunk(int64_t *counter) {
     return __atomic_fetch_add(counter, 1, __ATOMIC_RELAXED);
 }
 
+/* The chunks of one pool job, handed out without one counter that every thread hits. The chunks are
+ * split into contiguous ranges, one per thread: thread i takes its range's chunks front to back, with
+ * an atomic on a cache line that no other thread touches while that range lasts, and then takes the
+ * other ranges' chunks from their back. A shared counter costs a cache-line transfer between cores per
+ * chunk (on a VM whose two vCPUs sit on different CCDs, ~200 ns each, thousands of times per decode
+ * step), and it deals neighbouring chunks to different cores, so neither streams its weights in one
+ * run. Each chunk still goes to exactly one thread, and whichever threads join take all of them. */
+#define LLE_CHUNK_RANGES 8
+typedef struct { _Alignas(64) uint64_t lohi; } lle_chunk_range;  /* (end << 32) | next */
+typedef struct { lle_chunk_range r[LLE_CHUNK_RANGES]; int n; } lle_chunks;
+/* n_chunks (< 2^32) over `nth` threads (the pool's, or 1 when the caller runs the job alone) */
+void lle_chunks_init(lle_chunks *c, int64_t n_chunks, int nth);
+/* thread ith's next chunk, or -1 when every chunk is taken */
+int64_t lle_chunks_next(lle_chunks *c, int ith);
+
 /* ---- unlocked op bodies (the public lle_* wrappers take the library lock); for fused callers ---- */
 int lle_matmul_impl(int type, const void *w, long long w_stride, long long m, long long k,
                     const float *x, long long n, float *out, long long ldo);
 /* Background prefetch: memory the next op will read (the next layer's K/V cells), pulled into cache by
  * the matrix products' threads a few lines after each chunk, while the products keep the vector units
  * busy. lle_bg_prefetch_set (under the lock, before the products' pool jobs) replaces the pending
- * ranges (n = 0 clears them); lle_bg_prefetch_some is what a product task calls between chunks. */
+ * ranges (n = 0 clears them); lle_bg_prefetch_some is what a product task's thread ith calls between
+ * chunks: each thread prefetches its own share of the lines, with a cursor no other thread touches. */
 typedef struct { const void *p; size_t bytes; } lle_pf_range;
 #define LLE_BG_MAX_RANGES 64
 void lle_bg_prefetch_set(const lle_pf_range *r, int n);
-void lle_bg_prefetch_some(void);
+void lle_bg_prefetch_some(int ith);
 
 int lle_matmul_rows_impl(int type, const void *w, long long w_stride, long long m, long long k,
                          const float *x, long long n, float *out, long long ldo);

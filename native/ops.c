@@ -131,14 +131,15 @@ void lle_build_gelu_table(void) {
 /* ---------------------------------------------------------------- row-parallel helper */
 
 typedef void (*row_fn)(void *ctx, int64_t r0, int64_t r1);
-typedef struct { row_fn fn; void *ctx; int64_t n_rows; int64_t chunk; int64_t counter; } rows_ctx;
+typedef struct { row_fn fn; void *ctx; int64_t n_rows; int64_t chunk; lle_chunks chunks; } rows_ctx;
 
 static void rows_task(void *vctx, int ith, int nth) {
-    (void)ith; (void)nth;
+    (void)nth;
     rows_ctx *c = vctx;
     for (;;) {
-        const int64_t i0 = lle_next_chunk(&c->counter) * c->chunk;
-        if (i0 >= c->n_rows) break;
+        const int64_t ch = lle_chunks_next(&c->chunks, ith);
+        if (ch < 0) break;
+        const int64_t i0 = ch * c->chunk;
         const int64_t i1 = i0 + c->chunk < c->n_rows ? i0 + c->chunk : c->n_rows;
         c->fn(c->ctx, i0, i1);
     }
@@ -153,7 +154,8 @@ static void parallel_rows(row_fn fn, void *ctx, int64_t n_rows, int64_t work_per
     }
     int64_t chunk = n_rows / (nth * 4);
     if (chunk < 1) chunk = 1;
-    rows_ctx c = {fn, ctx, n_rows, chunk, 0};
+    rows_ctx c = {.fn = fn, .ctx = ctx, .n_rows = n_rows, .chunk = chunk};
+    lle_chunks_init(&c.chunks, (n_rows + chunk - 1) / chunk, nth);
     lle_pool_run(rows_task, &c);
 }
 
@@ -408,7 +410,7 @@ typedef struct {
     lle_attn_args a;
     float *scratch; int64_t scratch_per_thread;
     int64_t rows_per_task, n_blocks;   /* a task: rows_per_task query rows of one head */
-    int64_t counter;
+    lle_chunks tasks;
 } attn_ctx;
 
 /* Tasks run kv head by kv head, then block of query rows, then the query heads that share the kv
@@ -419,10 +421,9 @@ static void attn_task(void *vctx, int ith, int nth) {
     attn_ctx *c = vctx;
     float *scratch = c->scratch + ith * c->scratch_per_thread;
     const int64_t n = c->a.n, hpg = c->a.n_head / c->a.n_kv, per_kv = c->n_blocks * hpg;
-    const int64_t n_tasks = c->a.n_kv * per_kv;
     for (;;) {
-        const int64_t task = lle_next_chunk(&c->counter);
-        if (task >= n_tasks) break;
+        const int64_t task = lle_chunks_next(&c->tasks, ith);
+        if (task < 0) break;
         const int64_t g = task / per_kv, rem = task % per_kv;
         const int64_t h = g * hpg + rem % hpg, i0 = (rem / hpg) * c->rows_per_task;
         const int64_t i1 = i0 + c->rows_per_task < n ? i0 + c->rows_per_task : n;
@@ -449,7 +450,7 @@ int lle_attention_impl(const float *q, long long n, long long n_head, long long 
     }
     attn_ctx c = {{q, n, n_head, d, k, v, kv_f16, t, n_kv, k_stride_t, k_stride_h, v_stride_t, v_stride_h,
                    q_pos, k_pos, scale, window, softcap, out, 0},
-                  scratch, per, 1, n, 0};
+                  scratch, per, 1, n, {.n = 0}};
     /* prefill over an f16 cache: every K/V row is read by n * n_head / n_kv queries, so convert the
      * rows once into f32 copies (exact) instead of at every read; same values, same order */
     if (kv_f16 && n >= 4 && d % 8 == 0 && t > 0) {
@@ -473,7 +474,9 @@ int lle_attention_impl(const float *q, long long n, long long n_head, long long 
     c.rows_per_task = rows;
     c.n_blocks = (n + rows - 1) / rows;
     /* below ~100k multiply-adds the pool round trip costs more than it saves */
-    if (n * n_head == 1 || nth == 1 || n * n_head * t * d < 100000) attn_task(&c, 0, 1);
+    const int alone = n * n_head == 1 || nth == 1 || n * n_head * t * d < 100000;
+    lle_chunks_init(&c.tasks, n_kv * c.n_blocks * (n_head / n_kv), alone ? 1 : nth);
+    if (alone) attn_task(&c, 0, 1);
     else lle_pool_run(attn_task, &c);
     return 0;
 }
@@ -483,17 +486,17 @@ int lle_attention_impl(const float *q, long long n, long long n_head, long long 
 typedef struct {
     const lle_attn_args *a; int count; int64_t n_head; int nh;
     float *scratch; int64_t scratch_per_thread, per_head;
-    int64_t counter;
+    lle_chunks tasks;
 } attn_rows_ctx;
 
 static void attn_rows_task(void *vctx, int ith, int nth) {
     (void)nth;
     attn_rows_ctx *c = vctx;
     float *scratch = c->scratch + ith * c->scratch_per_thread;
-    const int64_t per_problem = c->n_head / c->nh, n_tasks = c->count * per_problem;
+    const int64_t per_problem = c->n_head / c->nh;
     for (;;) {
-        const int64_t task = lle_next_chunk(&c->counter);
-        if (task >= n_tasks) break;
+        const int64_t task = lle_chunks_next(&c->tasks, ith);
+        if (task < 0) break;
         const lle_attn_args *a = &c->a[task / per_problem];
         const int64_t h0 = (task % per_problem) * c->nh;
         if (c->nh == 1) lle_ops->attn_row(a, 0, h0, scratch);
@@ -529,9 +532,11 @@ int lle_attention_rows_impl(const lle_attn_args *a, int count) {
     const int nh = attn_heads_per_task(a, count, nth);
     float *scratch = lle_scratch_ops((size_t)(per * nh * nth) * sizeof(float));
     if (!scratch) return -2;
-    attn_rows_ctx c = {a, count, a[0].n_head, nh, scratch, per * nh, per, 0};
+    attn_rows_ctx c = {a, count, a[0].n_head, nh, scratch, per * nh, per, {.n = 0}};
     /* below ~100k multiply-adds the pool round trip costs more than it saves (as lle_attention_impl) */
-    if (nth == 1 || work < 100000) attn_rows_task(&c, 0, 1);
+    const int alone = nth == 1 || work < 100000;
+    lle_chunks_init(&c.tasks, count * (a[0].n_head / nh), alone ? 1 : nth);
+    if (alone) attn_rows_task(&c, 0, 1);
     else lle_pool_run(attn_rows_task, &c);
     return 0;
 }
@@ -566,7 +571,8 @@ static void parallel_elems(row_fn fn, void *ctx, int64_t n) {
         fn(ctx, 0, n);
         return;
     }
-    rows_ctx c = {fn, ctx, n, blk * ((n / blk) / (nth * 4) + 1), 0};
+    rows_ctx c = {.fn = fn, .ctx = ctx, .n_rows = n, .chunk = blk * ((n / blk) / (nth * 4) + 1)};
+    lle_chunks_init(&c.chunks, (n + c.chunk - 1) / c.chunk, nth);
     lle_pool_run(rows_task, &c);
 }
 

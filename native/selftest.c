@@ -444,6 +444,56 @@ static int use_simde_avx512(void) {
 }
 #endif
 
+/* lle_chunks: whatever subset of the threads asks, every chunk is handed out exactly once (the
+ * present threads race on their own ranges and steal the absent ones'), and the pool takes them all */
+#include <pthread.h>
+typedef struct { lle_chunks *c; int ith; int *seen; } chunk_arg;
+static void *chunk_thread(void *v) {
+    chunk_arg *a = v;
+    for (int64_t ch; (ch = lle_chunks_next(a->c, a->ith)) >= 0;) __atomic_add_fetch(&a->seen[ch], 1, __ATOMIC_RELAXED);
+    return NULL;
+}
+typedef struct { lle_chunks c; int *seen; } chunk_job;
+static void chunk_task(void *v, int ith, int nth) {
+    (void)nth;
+    chunk_job *j = v;
+    for (int64_t ch; (ch = lle_chunks_next(&j->c, ith)) >= 0;) __atomic_add_fetch(&j->seen[ch], 1, __ATOMIC_RELAXED);
+}
+static void test_chunks(void) {
+    static int seen[5000];
+    static const int64_t counts[] = {0, 1, 2, 3, 7, 64, 1000, 4999};
+    for (int nth = 1; nth <= 10; nth++)
+        for (int ci = 0; ci < (int)(sizeof(counts) / sizeof(counts[0])); ci++)
+            for (int present = 1; present <= nth; present++) {
+                const int64_t n = counts[ci];
+                lle_chunks c;
+                lle_chunks_init(&c, n, nth);
+                memset(seen, 0, sizeof(seen));
+                pthread_t t[10];
+                chunk_arg args[10];
+                for (int i = 0; i < present; i++) {  /* threads nth - present .. nth - 1: thread 0 may be absent */
+                    args[i] = (chunk_arg){&c, nth - present + i, seen};
+                    pthread_create(&t[i], NULL, chunk_thread, &args[i]);
+                }
+                for (int i = 0; i < present; i++) pthread_join(t[i], NULL);
+                int bad = 0;
+                for (int64_t i = 0; i < n; i++) bad += seen[i] != 1;
+                CHECK(!bad, "lle_chunks: %lld chunks over %d ranges, %d threads present: %d chunks not taken once",
+                      (long long)n, nth, present, bad);
+            }
+    chunk_job j;
+    j.seen = seen;
+    for (int rep = 0; rep < 200; rep++) {
+        const int64_t n = 1 + rnd() % 600;
+        memset(seen, 0, sizeof(seen));
+        lle_chunks_init(&j.c, n, lle_pool_threads());
+        lle_pool_run(chunk_task, &j);
+        int bad = 0;
+        for (int64_t i = 0; i < n; i++) bad += seen[i] != 1;
+        CHECK(!bad, "lle_chunks through the pool: %lld chunks, %d not taken once", (long long)n, bad);
+    }
+}
+
 int main(void) {
     unsetenv("LLMEDGE_ISA");  /* every tier of this CPU is tested */
     lle_init(2);
@@ -472,6 +522,8 @@ int main(void) {
         test_attention_groups(isa);
         tested++;
     }
+    printf("testing the chunks of a pool job\n");
+    test_chunks();
     if (!tested) printf("no SIMD ISA available: nothing to compare\n");
     printf("%s (%d failures)\n", failures ? "FAILED" : "PASSED", failures);
     return failures ? 1 : 0;

@@ -1,8 +1,9 @@
 /* The one persistent thread pool shared by every kernel.
  *
  * The calling thread is thread 0 and always runs the job itself; workers join a job only if it is
- * still open when they get to it. Jobs hand out work through atomic chunk counters, so whatever
- * subset of threads joins, the work gets done, and the caller never waits for a worker that has
+ * still open when they get to it. Jobs hand out work through lle_chunks (each thread its own
+ * contiguous range, then the others' leftovers; below) or, for a few large tasks, one atomic counter,
+ * so whatever subset of threads joins, the work gets done, and the caller never waits for a worker that has
  * not started (which on an oversubscribed machine could cost a whole scheduler time slice). After a
  * job, idle workers spin for a short while (so back-to-back ops of a decode step do not pay a
  * wake-up), yielding the CPU now and then, and then sleep on a condition variable.
@@ -174,4 +175,40 @@ void lle_pool_atfork_child(void) {
     g_pool.stop = 0;
     pthread_mutex_init(&g_pool.mutex, NULL);
     pthread_cond_init(&g_pool.cond, NULL);
+}
+
+/* ---------------------------------------------------------------- chunks of a job (common.h) */
+
+void lle_chunks_init(lle_chunks *c, int64_t n_chunks, int nth) {
+    int n = nth < 1 ? 1 : nth > LLE_CHUNK_RANGES ? LLE_CHUNK_RANGES : nth;
+    if (n > n_chunks) n = n_chunks > 0 ? (int)n_chunks : 1;
+    c->n = n;
+    for (int i = 0; i < n; i++) {
+        const uint64_t lo = (uint64_t)(n_chunks * i / n), hi = (uint64_t)(n_chunks * (i + 1) / n);
+        c->r[i].lohi = hi << 32 | lo;
+    }
+}
+
+int64_t lle_chunks_next(lle_chunks *c, int ith) {
+    const int n = c->n;
+    lle_chunk_range *own = &c->r[ith % n];
+    uint64_t v = __atomic_load_n(&own->lohi, __ATOMIC_RELAXED);
+    if ((uint32_t)v < (uint32_t)(v >> 32)) {
+        /* front of the own range; an overshoot past its end (a thief took the last chunk meanwhile)
+         * only leaves next > end, which reads as empty */
+        v = __atomic_fetch_add(&own->lohi, 1, __ATOMIC_RELAXED);
+        if ((uint32_t)v < (uint32_t)(v >> 32)) return (int64_t)(uint32_t)v;
+    }
+    for (int k = 1; k <= n; k++) {  /* the back of the others (and of the own range, if a thief raced) */
+        lle_chunk_range *r = &c->r[(ith + k) % n];
+        v = __atomic_load_n(&r->lohi, __ATOMIC_RELAXED);
+        for (;;) {
+            const uint32_t lo = (uint32_t)v, hi = (uint32_t)(v >> 32);
+            if (lo >= hi) break;
+            const uint64_t nv = (uint64_t)(hi - 1) << 32 | lo;
+            if (__atomic_compare_exchange_n(&r->lohi, &v, nv, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+                return (int64_t)(hi - 1);
+        }
+    }
+    return -1;
 }
