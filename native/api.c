@@ -625,10 +625,8 @@ int lle_matmul_impl(int type, const void *w, long long w_stride, long long m, lo
         c.chunk = chunk;
         c.n_chunks = (m + chunk - 1) / chunk;
         /* small products (under ~16 KB of weights) are not worth waking the pool */
-        const int alone = nth == 1 || c.n_chunks == 1 || (int64_t)c.ws * m < 16384;
-        lle_chunks_init(&c.chunks, c.n_chunks, alone ? 1 : nth);
-        if (alone) mm_rows_task(&c, 0, 1);
-        else lle_pool_run(mm_rows_task, &c);
+        lle_pool_run_chunks(mm_rows_task, &c, &c.chunks, c.n_chunks,
+                            nth == 1 || c.n_chunks == 1 || (int64_t)c.ws * m < 16384);
     } else {
         int64_t tm = 16384 / (int64_t)c.ws;
         if (tm < 4) tm = 4;
@@ -670,7 +668,6 @@ typedef struct {
     const float *group_scales; int64_t group_stride;  /* gemv_rows: per 8-row group, interleaved by row */
     float *out; int64_t ldo;
     int64_t chunk, n_chunks;
-    lle_chunks chunks;  /* of lle_matmul_rows_impl's job (a group's job has its own) */
 } mr_ctx;
 
 /* one chunk of weight rows against every activation row */
@@ -702,17 +699,6 @@ static void mr_chunk(const mr_ctx *c, int64_t ch) {
         } else {
             for (int64_t j = j0; j < j1; j++) c->vd(c->k, out + j, c->w + j * c->ws, a);
         }
-    }
-}
-
-static void mr_task(void *vctx, int ith, int nth) {
-    (void)nth;
-    mr_ctx *c = vctx;
-    for (;;) {
-        const int64_t ch = lle_chunks_next(&c->chunks, ith);
-        if (ch < 0) break;
-        mr_chunk(c, ch);
-        lle_bg_prefetch_some(ith);
     }
 }
 
@@ -808,19 +794,6 @@ static int mr_prepare(mr_ctx *c, int type, const void *w, long long w_stride, lo
     return 0;
 }
 
-int lle_matmul_rows_impl(int type, const void *w, long long w_stride, long long m, long long k,
-                         const float *x, long long n, float *out, long long ldo) {
-    if (n <= 1) return lle_matmul_impl(type, w, w_stride, m, k, x, n, out, ldo);
-    mr_ctx c;
-    const int rc = mr_prepare(&c, type, w, w_stride, m, k, x, n, out, ldo, &g_scratch_rows, NULL);
-    if (rc || c.n_chunks == 0) return rc;
-    const int nth = lle_pool_threads(), alone = nth == 1 || c.n_chunks == 1 || (int64_t)c.ws * m < 16384;
-    lle_chunks_init(&c.chunks, c.n_chunks, alone ? 1 : nth);
-    if (alone) mr_task(&c, 0, 1);
-    else lle_pool_run(mr_task, &c);
-    return 0;
-}
-
 /* Several weights (as a layer's Q, K and V, or gate and up) times the same n activation rows, in one
  * pool job: each product bit for bit lle_matmul_rows_impl's (the same chunks, kernels and quantized
  * rows, which weights of one type share), with one wake-up, one quantization and one tail instead of
@@ -859,10 +832,22 @@ int lle_matmul_rows_group_impl(const lle_weight *const *ws, int count, const flo
         c.c0[i + 1] = c.c0[i] + c.p[i].n_chunks;
         bytes += (int64_t)c.p[i].ws * w->m;
     }
-    const int nth = lle_pool_threads(), alone = nth == 1 || bytes < 16384;
-    lle_chunks_init(&c.chunks, c.c0[count], alone ? 1 : nth);
-    if (alone) mrg_task(&c, 0, 1);
-    else lle_pool_run(mrg_task, &c);
+    lle_pool_run_chunks(mrg_task, &c, &c.chunks, c.c0[count], lle_pool_threads() == 1 || bytes < 16384);
+    return 0;
+}
+
+/* one weight: a group of one */
+int lle_matmul_rows_impl(int type, const void *w, long long w_stride, long long m, long long k,
+                         const float *x, long long n, float *out, long long ldo) {
+    if (n <= 1) return lle_matmul_impl(type, w, w_stride, m, k, x, n, out, ldo);
+    mrg_ctx c;
+    c.np = 1;
+    c.c0[0] = 0;
+    const int rc = mr_prepare(&c.p[0], type, w, w_stride, m, k, x, n, out, ldo, &g_scratch_rows, NULL);
+    if (rc || c.p[0].n_chunks == 0) return rc;
+    c.c0[1] = c.p[0].n_chunks;
+    lle_pool_run_chunks(mrg_task, &c, &c.chunks, c.c0[1],
+                        lle_pool_threads() == 1 || c.c0[1] == 1 || (int64_t)c.p[0].ws * m < 16384);
     return 0;
 }
 
@@ -973,10 +958,7 @@ int lle_matvec_group_impl(const lle_weight *const *ws, int count, const float *x
         p->c1 = c.n_chunks;
         bytes += (int64_t)p->ws * p->m;
     }
-    const int alone = nth == 1 || bytes < 16384;
-    lle_chunks_init(&c.chunks, c.n_chunks, alone ? 1 : nth);
-    if (alone) mv_task(&c, 0, 1);
-    else lle_pool_run(mv_task, &c);
+    lle_pool_run_chunks(mv_task, &c, &c.chunks, c.n_chunks, nth == 1 || bytes < 16384);
     return 0;
 }
 

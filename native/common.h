@@ -394,6 +394,8 @@ typedef struct { lle_chunk_range r[LLE_CHUNK_RANGES]; int n; } lle_chunks;
 void lle_chunks_init(lle_chunks *c, int64_t n_chunks, int nth);
 /* thread ith's next chunk, or -1 when every chunk is taken */
 int64_t lle_chunks_next(lle_chunks *c, int ith);
+/* split `chunks` (n_chunks of them) and run fn on ctx: on the caller alone, or on the pool */
+void lle_pool_run_chunks(lle_task_fn fn, void *ctx, lle_chunks *chunks, int64_t n_chunks, int alone);
 
 /* ---- unlocked op bodies (the public lle_* wrappers take the library lock); for fused callers ---- */
 int lle_matmul_impl(int type, const void *w, long long w_stride, long long m, long long k,

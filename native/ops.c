@@ -155,8 +155,7 @@ static void parallel_rows(row_fn fn, void *ctx, int64_t n_rows, int64_t work_per
     int64_t chunk = n_rows / (nth * 4);
     if (chunk < 1) chunk = 1;
     rows_ctx c = {.fn = fn, .ctx = ctx, .n_rows = n_rows, .chunk = chunk};
-    lle_chunks_init(&c.chunks, (n_rows + chunk - 1) / chunk, nth);
-    lle_pool_run(rows_task, &c);
+    lle_pool_run_chunks(rows_task, &c, &c.chunks, (n_rows + chunk - 1) / chunk, 0);
 }
 
 /* ---------------------------------------------------------------- rms_norm */
@@ -474,10 +473,8 @@ int lle_attention_impl(const float *q, long long n, long long n_head, long long 
     c.rows_per_task = rows;
     c.n_blocks = (n + rows - 1) / rows;
     /* below ~100k multiply-adds the pool round trip costs more than it saves */
-    const int alone = n * n_head == 1 || nth == 1 || n * n_head * t * d < 100000;
-    lle_chunks_init(&c.tasks, n_kv * c.n_blocks * (n_head / n_kv), alone ? 1 : nth);
-    if (alone) attn_task(&c, 0, 1);
-    else lle_pool_run(attn_task, &c);
+    lle_pool_run_chunks(attn_task, &c, &c.tasks, n_kv * c.n_blocks * (n_head / n_kv),
+                        n * n_head == 1 || nth == 1 || n * n_head * t * d < 100000);
     return 0;
 }
 
@@ -534,10 +531,7 @@ int lle_attention_rows_impl(const lle_attn_args *a, int count) {
     if (!scratch) return -2;
     attn_rows_ctx c = {a, count, a[0].n_head, nh, scratch, per * nh, per, {.n = 0}};
     /* below ~100k multiply-adds the pool round trip costs more than it saves (as lle_attention_impl) */
-    const int alone = nth == 1 || work < 100000;
-    lle_chunks_init(&c.tasks, count * (a[0].n_head / nh), alone ? 1 : nth);
-    if (alone) attn_rows_task(&c, 0, 1);
-    else lle_pool_run(attn_rows_task, &c);
+    lle_pool_run_chunks(attn_rows_task, &c, &c.tasks, count * (a[0].n_head / nh), nth == 1 || work < 100000);
     return 0;
 }
 
@@ -572,8 +566,7 @@ static void parallel_elems(row_fn fn, void *ctx, int64_t n) {
         return;
     }
     rows_ctx c = {.fn = fn, .ctx = ctx, .n_rows = n, .chunk = blk * ((n / blk) / (nth * 4) + 1)};
-    lle_chunks_init(&c.chunks, (n + c.chunk - 1) / c.chunk, nth);
-    lle_pool_run(rows_task, &c);
+    lle_pool_run_chunks(rows_task, &c, &c.chunks, (n + c.chunk - 1) / c.chunk, 0);
 }
 
 int lle_glu_impl(const float *gate, const float *up, long long n, int kind, float *out) {

@@ -212,3 +212,9 @@ int64_t lle_chunks_next(lle_chunks *c, int ith) {
     }
     return -1;
 }
+
+void lle_pool_run_chunks(lle_task_fn fn, void *ctx, lle_chunks *chunks, int64_t n_chunks, int alone) {
+    lle_chunks_init(chunks, n_chunks, alone ? 1 : lle_pool_threads());
+    if (alone) fn(ctx, 0, 1);
+    else lle_pool_run(fn, ctx);
+}
