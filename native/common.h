@@ -339,6 +339,29 @@ LLE_INLINE int64_t lle_attn_scratch_floats(int64_t t, int64_t d) {
     return 2 * tp + 33 * (d + 8) + 64;
 }
 
+/* Decode attention over a long cache (ops.c, attn_wide): one query row of one sequence, every head, in
+ * three pool jobs: the scores and the exponentials split by cells, then the V sums by (KV head, half
+ * of ggml's 32 lanes). attn_group's one task per KV head leaves 2 threads unevenly loaded (SmolLM2's
+ * 3 KV heads) and reads each head's rows as strided 128-byte runs; here the scores read the
+ * cell-major cache front to back. Every value is attn_group's, bit for bit: the same scores per cell,
+ * the same exponentials and the same order of their sum, the same probabilities, the same 32 V lanes
+ * with each lane's cells added in order. */
+#define LLE_ATTN_WIDE_CELLS 256 /* cells per scores / exponentials task (a multiple of 32) */
+#define LLE_ATTN_WIDE_MIN 1024  /* cells from which decode rows take it (lle_set_attn_wide_min) */
+typedef struct {
+    const lle_attn_args *a;  /* n == 1, f16 cache read as f16, d % 32 == 0, heads per KV head <= LLE_ATTN_GROUP */
+    int64_t tp, n_blocks;    /* t rounded up to 32; cell blocks of LLE_ATTN_WIDE_CELLS */
+    float *qc;               /* n_head x d: Q rounded to f16, as floats */
+    float *w;                /* n_head x tp: scores, then exponentials */
+    float *csum;             /* n_head x tp / 8: each 8-cell chunk's float sum of exponentials */
+    float *acc;              /* n_head x 32 x d: the V sums' 32 lanes */
+    float *bmax;             /* n_blocks x n_head: each block's largest score per head */
+    int64_t *bjlo, *bjhi;    /* n_blocks: each block's first and last visible cell (t and -1: none) */
+    float *inv;              /* n_head: 1 / the sum of exponentials (0: no visible cell) */
+    float *maxv;             /* n_head */
+    int64_t jlo, jhi, c0, c1, jb;
+} lle_attn_wide;
+
 typedef struct {
     /* y = silu(x) * g  or  gelu(x) * g over n values */
     void (*swiglu)(int n, float *y, const float *x, const float *g);
@@ -356,6 +379,12 @@ typedef struct {
     void (*attn_group)(const lle_attn_args *a, int64_t i, int64_t h0, int nh, float *scratch, int64_t per);
     /* y[i] = x[i] rounded to half, to nearest even (lle_fp32_to_fp16's values; the K/V cache writes) */
     void (*f32_to_f16)(int64_t n, const float *x, lle_half *y);
+    /* lle_attn_wide's phases (NULL: none): the scores of cell block b (bmax, bjlo, bjhi of b); the
+     * exponentials of block b's 8-cell chunks in [c0, c1) and their sums (maxv set); the V sums of KV
+     * head g's query heads in lanes 16 * half .. 16 * half + 15 (inv set) */
+    void (*wide_scores)(lle_attn_wide *p, int64_t b);
+    void (*wide_exp)(lle_attn_wide *p, int64_t b);
+    void (*wide_v)(lle_attn_wide *p, int64_t g, int half);
 } lle_op_kernels;
 
 extern lle_op_kernels lle_ops_scalar;

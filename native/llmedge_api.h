@@ -72,6 +72,9 @@ int lle_rope_yarn(const float *x, const int *pos, long long n, long long n_head,
                   int n_rot, float freq_base, float freq_scale, int neox, const float *freq_factors,
                   float attn_factor, float ext_factor, float corr_lo, float corr_hi, float *out);
 int lle_softmax(const float *x, long long n, long long d, float scale, float *out);
+/* cells from which one-row attention problems run as lle_attn_wide (default LLE_ATTN_WIDE_MIN; the
+ * same values either way) */
+void lle_set_attn_wide_min(long long cells);
 int lle_attention(const float *q, long long n, long long n_head, long long d,
                   const void *k, const void *v, int kv_f16, long long t, long long n_kv,
                   long long k_stride_t, long long k_stride_h, long long v_stride_t, long long v_stride_h,

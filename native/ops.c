@@ -514,8 +514,157 @@ static int attn_heads_per_task(const lle_attn_args *a, int count, int nth) {
     return 1;
 }
 
+/* ---- decode attention over long caches (lle_attn_wide, common.h) ---- */
+
+/* cells from which one-row problems take the wide path (every problem of the call must have them):
+ * below, attn_group's one task per KV head costs less than the wide path's three pool jobs */
+static int64_t g_attn_wide_min = LLE_ATTN_WIDE_MIN;
+
+void lle_set_attn_wide_min(long long cells) { g_attn_wide_min = cells < 0 ? 0 : cells; }
+
+#define WIDE_MAX_PROBLEMS 64
+
+/* a head's output from its 32 V lanes (acc[l * d + e]), added in v_sum_finish's order */
+static void v_sum_finish32(const float *acc, int64_t d, float *o) {
+    for (int64_t e = 0; e < d; e++) {
+        float x[8], t0[4];
+        for (int l = 0; l < 8; l++)
+            x[l] = (acc[l * d + e] + acc[(16 + l) * d + e]) + (acc[(8 + l) * d + e] + acc[(24 + l) * d + e]);
+        for (int l = 0; l < 4; l++) t0[l] = x[l] + x[4 + l];
+        o[e] = (t0[0] + t0[1]) + (t0[2] + t0[3]);
+    }
+}
+
+static int attn_wide_eligible(const lle_attn_args *a, int count) {
+    if (!lle_ops->wide_scores || count > WIDE_MAX_PROBLEMS || lle_pool_threads() < 2) return 0;
+    for (int i = 0; i < count; i++) {
+        if (a[i].n != 1 || !a[i].kv_f16 || a[i].kv_wide || a[i].d % 32 != 0 || a[i].n_kv <= 0 ||
+            a[i].n_head % a[i].n_kv != 0 || a[i].n_head / a[i].n_kv > LLE_ATTN_GROUP || a[i].n_head > 64 ||
+            a[i].t < 1 || a[i].t < g_attn_wide_min)
+            return 0;
+    }
+    return 1;
+}
+
+typedef struct {
+    lle_attn_wide *p;
+    int count;
+    int phase;                              /* 0 scores, 1 exponentials (tasks: cell blocks), 2 V sums */
+    int64_t first[WIDE_MAX_PROBLEMS + 1];   /* problem i's tasks are [first[i], first[i + 1]) */
+    lle_chunks tasks;
+} attn_wide_ctx;
+
+static void attn_wide_task(void *vctx, int ith, int nth) {
+    (void)nth;
+    attn_wide_ctx *c = vctx;
+    for (;;) {
+        const int64_t task = lle_chunks_next(&c->tasks, ith);
+        if (task < 0) break;
+        int i = 0;
+        while (task >= c->first[i + 1]) i++;
+        lle_attn_wide *p = &c->p[i];
+        const int64_t k = task - c->first[i];
+        if (c->phase == 0) lle_ops->wide_scores(p, k);
+        else if (c->phase == 1) lle_ops->wide_exp(p, k);
+        else lle_ops->wide_v(p, k / 2, (int)(k % 2));
+    }
+}
+
+static void attn_wide_run(attn_wide_ctx *c, int phase) {
+    c->phase = phase;
+    c->first[0] = 0;
+    for (int i = 0; i < c->count; i++) {
+        const lle_attn_wide *p = &c->p[i];
+        const int64_t n = phase < 2 ? p->n_blocks : p->jhi < 0 ? 0 : 2 * p->a->n_kv;
+        c->first[i + 1] = c->first[i] + n;
+    }
+    if (c->first[c->count] > 0) lle_pool_run_chunks(attn_wide_task, c, &c->tasks, c->first[c->count], 0);
+}
+
+static int attn_wide(const lle_attn_args *a, int count) {
+    static lle_attn_wide p[WIDE_MAX_PROBLEMS];
+    size_t floats = 0;
+    for (int i = 0; i < count; i++) {
+        const int64_t tp = (a[i].t + 31) & ~(int64_t)31, nb = (a[i].t + LLE_ATTN_WIDE_CELLS - 1) / LLE_ATTN_WIDE_CELLS;
+        const int64_t nh = a[i].n_head, d = a[i].d;
+        floats += (size_t)(4 * nb + nh * d + nh * tp + nh * (tp / 8) + nh * 32 * d + nb * nh + 2 * nh + 16);
+    }
+    float *f = lle_scratch_ops(floats * sizeof(float));
+    if (!f) return -2;
+    for (int i = 0; i < count; i++) {
+        lle_attn_wide *q = &p[i];
+        const int64_t nh = a[i].n_head, d = a[i].d;
+        q->a = &a[i];
+        q->tp = (a[i].t + 31) & ~(int64_t)31;
+        q->n_blocks = (a[i].t + LLE_ATTN_WIDE_CELLS - 1) / LLE_ATTN_WIDE_CELLS;
+        f = (float *)(((uintptr_t)f + 63) & ~(uintptr_t)63);
+        q->bjlo = (int64_t *)(void *)f; f += 2 * q->n_blocks;
+        q->bjhi = (int64_t *)(void *)f; f += 2 * q->n_blocks;
+        q->qc = f; f += nh * d;
+        q->w = f; f += nh * q->tp;
+        q->csum = f; f += nh * (q->tp / 8);
+        q->acc = f; f += nh * 32 * d;
+        q->bmax = f; f += q->n_blocks * nh;
+        q->inv = f; f += nh;
+        q->maxv = f; f += nh;
+        lle_half q16[512];  /* Q rounded to f16, as attn_group_n */
+        for (int64_t h = 0; h < nh; h++)
+            for (int64_t e0 = 0; e0 < d; e0 += 512) {
+                const int64_t n = d - e0 < 512 ? d - e0 : 512;
+                lle_ops->f32_to_f16(n, a[i].q + h * d + e0, q16);
+                lle_ops->f16_to_f32(n, q16, q->qc + h * d + e0);
+            }
+    }
+    attn_wide_ctx c = {p, count, 0, {0}, {.n = 0}};
+    attn_wide_run(&c, 0);  /* scores */
+    for (int i = 0; i < count; i++) {
+        lle_attn_wide *q = &p[i];
+        const int64_t nh = a[i].n_head, t = a[i].t, t8 = (t + 7) & ~(int64_t)7;
+        q->jlo = t;
+        q->jhi = -1;
+        for (int64_t b = 0; b < q->n_blocks; b++) {
+            if (q->bjlo[b] < q->jlo) q->jlo = q->bjlo[b];
+            if (q->bjhi[b] > q->jhi) q->jhi = q->bjhi[b];
+        }
+        for (int64_t h = 0; h < nh; h++) {
+            float m = -INFINITY;
+            for (int64_t b = 0; b < q->n_blocks; b++)
+                if (q->bmax[b * nh + h] > m) m = q->bmax[b * nh + h];
+            q->maxv[h] = m;
+            if (m != -INFINITY)
+                for (int64_t j = t; j < t8; j++) q->w[h * q->tp + j] = -INFINITY;
+        }
+        q->c0 = q->jlo & ~(int64_t)7;
+        q->c1 = (q->jhi + 8) & ~(int64_t)7;
+        q->jb = q->jlo & ~(int64_t)31;
+    }
+    attn_wide_run(&c, 1);  /* exponentials */
+    for (int i = 0; i < count; i++) {
+        lle_attn_wide *q = &p[i];
+        for (int64_t h = 0; h < a[i].n_head; h++) {
+            q->inv[h] = 0.0f;
+            if (q->maxv[h] == -INFINITY) continue;
+            double sum = 0;  /* softmax_exp's: the chunks' float sums as doubles, in order */
+            for (int64_t j = q->c0; j < q->c1; j += 8) sum += (double)q->csum[h * (q->tp / 8) + j / 8];
+            q->inv[h] = (float)(1.0 / sum);
+        }
+    }
+    attn_wide_run(&c, 2);  /* V sums */
+    for (int i = 0; i < count; i++) {
+        const lle_attn_wide *q = &p[i];
+        const int64_t d = a[i].d;
+        for (int64_t h = 0; h < a[i].n_head; h++) {
+            float *o = a[i].out + h * d;
+            if (q->inv[h] == 0.0f) memset(o, 0, sizeof(float) * (size_t)d);
+            else v_sum_finish32(q->acc + h * 32 * d, d, o);
+        }
+    }
+    return 0;
+}
+
 int lle_attention_rows_impl(const lle_attn_args *a, int count) {
     if (count <= 0) return 0;
+    if (attn_wide_eligible(a, count)) return attn_wide(a, count);
     int64_t per = 0, work = 0;
     for (int i = 0; i < count; i++) {
         if (a[i].n != 1 || a[i].n_kv <= 0 || a[i].n_head != a[0].n_head || a[i].n_head % a[i].n_kv != 0 ||

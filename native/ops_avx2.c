@@ -816,9 +816,187 @@ static void attn_group(const lle_attn_args *a, int64_t i, int64_t h0, int nh, fl
     default: attn_group_n(a, i, h0, 4, scratch, per); break;
     }
 }
+
+/* ---- lle_attn_wide's phases (common.h; ops.c runs them): attn_group's operations, split by cells and
+ * by (KV head, lane half) ---- */
+#define WIDE_MAX_HEADS 64
+
+/* scores of block b's cells for every head, KV head by KV head per 8 cells (the cells' rows of all
+ * KV heads are adjacent, so the block is read front to back), as scores_group */
+LLE_INLINE void wide_scores_n(lle_attn_wide *p, int64_t b, const int hpg) {
+    const lle_attn_args *a = p->a;
+    const int64_t d = a->d, t = a->t, nh = a->n_head, nkv = a->n_kv;
+    const int64_t j0 = b * LLE_ATTN_WIDE_CELLS, j1 = j0 + LLE_ATTN_WIDE_CELLS < t ? j0 + LLE_ATTN_WIDE_CELLS : t;
+    const size_t kst = (size_t)a->ks_t * 2;
+    const int qp = a->q_pos[0];
+    const __m256i vqp = _mm256_set1_epi32(qp), vwin = _mm256_set1_epi32(a->window);
+    const __m256 ninf = _mm256_set1_ps(-INFINITY), vscale = _mm256_set1_ps(a->scale);
+    const float inv_cap = a->softcap > 0 ? 1.0f / a->softcap : 0.0f;
+    __m256 vmax[WIDE_MAX_HEADS], s[LLE_ATTN_GROUP];
+    const float *qv[WIDE_MAX_HEADS];
+    for (int64_t h = 0; h < nh; h++) {
+        vmax[h] = ninf;
+        qv[h] = p->qc + h * d;
+    }
+    int64_t jlo = t, jhi = -1, j = j0;
+    for (; j + 8 <= j1; j += 8) {
+        const int vis = visible8(a->k_pos + j, vqp, a->window, vwin);
+        if (!vis) {
+            for (int64_t h = 0; h < nh; h++) _mm256_storeu_ps(p->w + h * p->tp + j, ninf);
+            continue;
+        }
+        if (jlo == t) jlo = j + __builtin_ctz((unsigned)vis);
+        jhi = j + 31 - __builtin_clz((unsigned)vis);
+        for (int64_t g = 0; g < nkv; g++) {
+            kq8_ggml_group(a->k + (size_t)(g * a->ks_h) * 2 + j * kst, kst, qv + g * hpg, hpg, d, s);
+            for (int hh = 0; hh < hpg; hh++) {
+                const int64_t h = g * hpg + hh;
+                const __m256 sh = finish_scores8(s[hh], vis, a, inv_cap, vscale, ninf);
+                _mm256_storeu_ps(p->w + h * p->tp + j, sh);
+                vmax[h] = _mm256_max_ps(sh, vmax[h]);
+            }
+        }
+    }
+    float *bmax = p->bmax + b * nh;
+    for (int64_t h = 0; h < nh; h++) bmax[h] = max8(vmax[h]);
+    for (; j < j1; j++) {  /* the last t % 8 cells one by one, as scores_group */
+        const int kp = a->k_pos[j];
+        if (kp < 0 || kp > qp || (a->window > 0 && qp - kp >= a->window)) {
+            for (int64_t h = 0; h < nh; h++) p->w[h * p->tp + j] = -INFINITY;
+            continue;
+        }
+        if (j < jlo) jlo = j;
+        jhi = j;
+        for (int64_t g = 0; g < nkv; g++) {
+            const lle_half *kh = (const lle_half *)(a->k + (size_t)(g * a->ks_h) * 2 + j * kst);
+            for (int hh = 0; hh < hpg; hh++) {
+                const int64_t h = g * hpg + hh;
+                float sc = kq_ggml_f16(kh, qv[h], d);
+                if (a->softcap > 0) sc = tanhf(sc * inv_cap) * a->softcap;
+                p->w[h * p->tp + j] = sc * a->scale;
+                if (p->w[h * p->tp + j] > bmax[h]) bmax[h] = p->w[h * p->tp + j];
+            }
+        }
+    }
+    p->bjlo[b] = jlo;
+    p->bjhi[b] = jhi;
+}
+
+static void wide_scores(lle_attn_wide *p, int64_t b) {
+    switch (p->a->n_head / p->a->n_kv) {
+    case 1: wide_scores_n(p, b, 1); break;
+    case 2: wide_scores_n(p, b, 2); break;
+    case 3: wide_scores_n(p, b, 3); break;
+    default: wide_scores_n(p, b, 4); break;
+    }
+}
+
+/* softmax_exp's exponentials of block b's 8-cell chunks in [c0, c1), each chunk's hsum8 kept for the
+ * sum (ops.c adds them as doubles in chunk order, as softmax_exp) */
+static void wide_exp(lle_attn_wide *p, int64_t b) {
+    const int64_t lo = b * LLE_ATTN_WIDE_CELLS > p->c0 ? b * LLE_ATTN_WIDE_CELLS : p->c0;
+    const int64_t hi = (b + 1) * LLE_ATTN_WIDE_CELLS < p->c1 ? (b + 1) * LLE_ATTN_WIDE_CELLS : p->c1;
+    for (int64_t h = 0; h < p->a->n_head; h++) {
+        if (p->maxv[h] == -INFINITY) continue;
+        float *w = p->w + h * p->tp, *cs = p->csum + h * (p->tp / 8);
+        const __m256 vmax = _mm256_set1_ps(p->maxv[h]);
+        for (int64_t j = lo; j < hi; j += 8) {
+            const __m256 val = v_expf(_mm256_sub_ps(_mm256_loadu_ps(w + j), vmax));
+            _mm256_storeu_ps(w + j, val);
+            cs[j / 8] = hsum8(val);
+        }
+    }
+}
+
+/* V sums of KV head g's query heads in lanes 16 * half .. + 15 (lane l: cells j % 32 == l, in order),
+ * as v_sum_group: first the probabilities of this half's cells, in place of their exponentials (times
+ * inv, rounded to f16; 0 before c0, where attn_group zeroes them), then lane by lane with the sums in
+ * registers, a head skipping the cells where its probability is 0 */
+LLE_INLINE void wide_v_n(lle_attn_wide *p, int64_t g, int half, const int hpg) {
+    const lle_attn_args *a = p->a;
+    const int64_t d = a->d, h0 = g * hpg;
+    const size_t vst = (size_t)a->vs_t * 2;
+    const uint8_t *vb = a->v + (size_t)(g * a->vs_h) * 2;
+    const int64_t jend = p->jhi + 1, l0 = 16 * half;
+    float *w[LLE_ATTN_GROUP];
+    int live[LLE_ATTN_GROUP], nlive = 0;
+    for (int hh = 0; hh < hpg; hh++) {
+        w[hh] = p->w + (h0 + hh) * p->tp;
+        live[hh] = p->inv[h0 + hh] != 0.0f;
+        nlive += live[hh];
+        if (!live[hh]) continue;
+        const __m256 vinv = _mm256_set1_ps(p->inv[h0 + hh]);
+        for (int64_t base = p->jb + l0; base < jend; base += 32)
+            for (int m = 0; m < 16; m += 8) {
+                const int64_t j = base + m;
+                __m256 x = _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_mul_ps(_mm256_loadu_ps(w[hh] + j), vinv), _MM_FROUND_TO_NEAREST_INT));
+                if (j < p->c0 || j + 8 > jend) {
+                    float tmp[8];
+                    _mm256_storeu_ps(tmp, x);
+                    for (int i = 0; i < 8; i++)
+                        if (j + i < p->c0 || j + i >= jend) tmp[i] = 0.0f;
+                    x = _mm256_loadu_ps(tmp);
+                }
+                _mm256_storeu_ps(w[hh] + j, x);
+            }
+    }
+    if (!nlive) return;
+    for (int64_t l = l0; l < l0 + 16; l++) {
+        for (int64_t e0 = 0; e0 < d; e0 += 64) {
+            const int four = d - e0 >= 64;  /* else the last 32 values */
+            __m512 z[LLE_ATTN_GROUP][4];
+            for (int hh = 0; hh < hpg; hh++) z[hh][0] = z[hh][1] = z[hh][2] = z[hh][3] = _mm512_setzero_ps();
+            for (int64_t j = p->jb + l; j < jend; j += 32) {
+                _mm_prefetch((const char *)vb + (size_t)(j + 128) * vst + e0 * 2, _MM_HINT_T0);
+                if (four) _mm_prefetch((const char *)vb + (size_t)(j + 128) * vst + e0 * 2 + 64, _MM_HINT_T0);
+                int any = 0;
+                for (int hh = 0; hh < hpg; hh++) any |= live[hh] && w[hh][j] != 0.0f;
+                if (!any) continue;
+                const uint8_t *vr = vb + (size_t)j * vst + e0 * 2;
+                const __m512 v0 = ld_kv16(vr, 1), v1 = ld_kv16(vr + 32, 1);
+                const __m512 v2 = four ? ld_kv16(vr + 64, 1) : v0, v3 = four ? ld_kv16(vr + 96, 1) : v1;
+                for (int hh = 0; hh < hpg; hh++) {
+                    if (!live[hh] || w[hh][j] == 0.0f) continue;
+                    const __m512 pv = _mm512_set1_ps(w[hh][j]);
+                    z[hh][0] = _mm512_fmadd_ps(v0, pv, z[hh][0]);
+                    z[hh][1] = _mm512_fmadd_ps(v1, pv, z[hh][1]);
+                    if (four) {
+                        z[hh][2] = _mm512_fmadd_ps(v2, pv, z[hh][2]);
+                        z[hh][3] = _mm512_fmadd_ps(v3, pv, z[hh][3]);
+                    }
+                }
+            }
+            for (int hh = 0; hh < hpg; hh++) {
+                if (!live[hh]) continue;
+                float *al = p->acc + ((h0 + hh) * 32 + l) * d + e0;
+                _mm512_storeu_ps(al, z[hh][0]);
+                _mm512_storeu_ps(al + 16, z[hh][1]);
+                if (four) {
+                    _mm512_storeu_ps(al + 32, z[hh][2]);
+                    _mm512_storeu_ps(al + 48, z[hh][3]);
+                }
+            }
+        }
+    }
+}
+
+static void wide_v(lle_attn_wide *p, int64_t g, int half) {
+    switch (p->a->n_head / p->a->n_kv) {
+    case 1: wide_v_n(p, g, half, 1); break;
+    case 2: wide_v_n(p, g, half, 2); break;
+    case 3: wide_v_n(p, g, half, 3); break;
+    default: wide_v_n(p, g, half, 4); break;
+    }
+}
+#define WIDE_SCORES wide_scores
+#define WIDE_EXP wide_exp
+#define WIDE_V wide_v
 #define ATTN_GROUP attn_group
 #else
 #define ATTN_GROUP NULL
+#define WIDE_SCORES NULL
+#define WIDE_EXP NULL
+#define WIDE_V NULL
 #endif
 
 /* ggml's rotate_pairs as GCC contracts it in an -march=native build:
@@ -847,7 +1025,8 @@ static void f32_to_f16(int64_t n, const float *x, lle_half *y) {
     for (; i < n; i++) y[i] = lle_fp32_to_fp16(x[i]);
 }
 
-lle_op_kernels LLE_OPS_TABLE = {swiglu, geglu, softmax_exp, rope_head, attn_row, f16_to_f32, ATTN_GROUP, f32_to_f16};
+lle_op_kernels LLE_OPS_TABLE = {swiglu, geglu, softmax_exp, rope_head, attn_row, f16_to_f32, ATTN_GROUP, f32_to_f16,
+                               WIDE_SCORES, WIDE_EXP, WIDE_V};
 
 #if defined(__clang__)
 #pragma clang attribute pop

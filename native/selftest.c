@@ -423,6 +423,56 @@ static void test_attention_groups(int isa) {
     free(kh); free(vh); free(q); free(og); free(orow);
 }
 
+/* the wide decode attention (lle_attn_wide: scores and exponentials by cell blocks, V sums by KV head
+ * and lane half, three pool jobs) against attn_group / attn_row, bit for bit: head sizes 32 to 256,
+ * 1 to 4 heads per KV head, cell counts around the blocks' and lanes' boundaries, several problems in
+ * one call, empty cells, a query before the last cells, a sliding window, a soft-cap, and peaked heads
+ * whose probabilities mostly round to 0 */
+static void test_attention_wide(int isa) {
+    lle_set_isa(isa);
+    if (!lle_ops->wide_scores) return;
+    enum { KV = 2, TMAX = 777, DMAX = 256, NP = 3 };
+    static const int ds[] = {32, 64, 256}, ts[] = {1, 7, 255, 257, 777}, hpgs[] = {1, 3, 4};
+    lle_half *kh = malloc(sizeof(lle_half) * TMAX * KV * DMAX), *vh = malloc(sizeof(lle_half) * TMAX * KV * DMAX);
+    float *q = malloc(sizeof(float) * NP * 4 * KV * DMAX);
+    float *ow = malloc(sizeof(float) * NP * 4 * KV * DMAX), *og = malloc(sizeof(float) * NP * 4 * KV * DMAX);
+    int kpos[TMAX];
+    for (int i = 0; i < TMAX * KV * DMAX; i++) { kh[i] = lle_fp32_to_fp16(rndf()); vh[i] = lle_fp32_to_fp16(rndf()); }
+    for (int j = 0; j < TMAX; j++) kpos[j] = j;
+    kpos[5] = -1;
+    kpos[300] = -1;
+    int checked = 0;
+    for (int di = 0; di < 3; di++)
+        for (int ti = 0; ti < 5; ti++)
+            for (int hi = 0; hi < 3; hi++)
+                for (int variant = 0; variant < 4; variant++) {
+                    const int d = ds[di], t = ts[ti], hpg = hpgs[hi], n_head = hpg * KV;
+                    int qp[NP];
+                    lle_attn_args a[NP];
+                    for (int i = 0; i < NP; i++) {
+                        qp[i] = t - 1 - (variant == 3 ? 3 * i : 0);
+                        for (int h = 0; h < n_head; h++)
+                            for (int e = 0; e < d; e++)
+                                q[(i * n_head + h) * d + e] = rndf() * (h % hpg == 0 ? 40.0f : 1.0f);
+                        a[i] = (lle_attn_args){q + i * n_head * d, 1, n_head, d, (const uint8_t *)kh, (const uint8_t *)vh, 1,
+                                               t - i, KV, KV * d, d, KV * d, d, &qp[i], kpos, 0.125f,
+                                               variant == 1 ? 29 : 0, variant == 2 ? 20.0f : 0.0f, ow + i * n_head * d, 0};
+                    }
+                    lle_set_attn_wide_min(0);
+                    CHECK(lle_attention_rows_impl(a, t > 2 ? NP : 1) == 0, "wide attention failed");
+                    for (int i = 0; i < NP; i++) a[i].out = og + i * n_head * d;
+                    lle_set_attn_wide_min(1LL << 40);
+                    CHECK(lle_attention_rows_impl(a, t > 2 ? NP : 1) == 0, "attention failed");
+                    for (int i = 0; i < (t > 2 ? NP : 1) * n_head * d; i++)
+                        CHECK(memcmp(ow + i, og + i, sizeof(float)) == 0, "wide attention d=%d t=%d heads/kv=%d variant %d [%d]: %.9g vs %.9g",
+                              d, t, hpg, variant, i, ow[i], og[i]);
+                    checked++;
+                }
+    lle_set_attn_wide_min(LLE_ATTN_WIDE_MIN);
+    printf("  wide decode attention: %d cases compared\n", checked);
+    free(kh); free(vh); free(q); free(ow); free(og);
+}
+
 #if defined(LLE_SELFTEST_SIMDE)
 /* selftest_simde.c: the AVX-512 source compiled against SIMDe, run as the AVX-512 tier */
 extern lle_kernels lle_kernels_avx512_simde[T_COUNT];
@@ -520,6 +570,7 @@ int main(void) {
         test_ops(isa);
         test_f32_to_f16(isa);
         test_attention_groups(isa);
+        test_attention_wide(isa);
         tested++;
     }
     printf("testing the chunks of a pool job\n");
