@@ -599,81 +599,56 @@ LLE_INLINE void packed_q4_1_nr(const int NR, int k, const uint8_t *pw, const uin
  * kernel runs at 1.16 cycles per row-block in L1, against 1.42 for the one-pass kernel. Measured
  * in-process A/B, interleaved: Q4_1 3072x576 from memory, 4 rows, 60.4 -> 53.3 us and 1536x576
  * 37.7 -> 35.2 us; the SmolLM2 4-sequence step 6.96 -> 6.66 ms (medians of 8). */
-static void packed_q4_1_4(int k, const uint8_t *pw, const uint8_t *a, size_t as, float *out, size_t ldo) {
-    enum { NR = 4 };
+/* one pass of packed_q4_1_4: lanes 0-3 (the low nibbles; the min sums too; prefetching this group's
+ * blocks ahead) or, HIGH, lanes 4-7 (the high nibbles; prefetching the next group) */
+LLE_INLINE void packed_q4_1_4_pass(int k, const uint8_t *pw, const uint8_t *a, size_t as, const int HIGH,
+                                   __m512 acc[4][4], __m512 summs[4]) {
     const int nb = k / QK;
     const size_t xoff = LLE_PK_PREP_OFF((size_t)nb * sizeof(block_q8_1));
+    const size_t ahead = HIGH ? (size_t)nb * LLE_PK_Q41_BLOCK : LLE_PREFETCH;
     const __m512i m4 = _mm512_set1_epi8(0xF);
-    __m512 acc[NR][4], lo[NR][4], summs[NR];
 #pragma GCC unroll 4
-    for (int r = 0; r < NR; r++) {
-        summs[r] = _mm512_setzero_ps();
+    for (int r = 0; r < 4; r++) {
+        if (!HIGH) summs[r] = _mm512_setzero_ps();
 #pragma GCC unroll 4
         for (int l = 0; l < 4; l++) acc[r][l] = _mm512_setzero_ps();
     }
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = pw + (size_t)b * LLE_PK_Q41_BLOCK;
-        _mm_prefetch((const char *)blk + LLE_PREFETCH, LLE_WEIGHT_HINT);
-        _mm_prefetch((const char *)blk + LLE_PREFETCH + 64, LLE_WEIGHT_HINT);
-        _mm_prefetch((const char *)blk + LLE_PREFETCH + 128, LLE_WEIGHT_HINT);
-        _mm_prefetch((const char *)blk + LLE_PREFETCH + 192, LLE_WEIGHT_HINT);
-        _mm_prefetch((const char *)blk + LLE_PREFETCH + 256, LLE_WEIGHT_HINT);
+#pragma GCC unroll 5
+        for (int i = 0; i < 5; i++) _mm_prefetch((const char *)blk + ahead + 64 * i, LLE_WEIGHT_HINT);
         const __m512 dw = lle512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + LLE_PK_Q41_D)));
-        const __m512 mw = lle512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + LLE_PK_Q41_M)));
+        __m512 mw = _mm512_setzero_ps();
+        if (!HIGH) mw = lle512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + LLE_PK_Q41_M)));
         __m512i wq[4];
 #pragma GCC unroll 4
-        for (int c = 0; c < 4; c++) wq[c] = _mm512_and_si512(_mm512_loadu_si512((const void *)(blk + LLE_PK_Q41_QS + 64 * c)), m4);
+        for (int c = 0; c < 4; c++) {
+            const __m512i p = _mm512_loadu_si512((const void *)(blk + LLE_PK_Q41_QS + 64 * c));
+            wq[c] = _mm512_and_si512(HIGH ? _mm512_srli_epi16(p, 4) : p, m4);
+        }
 #pragma GCC unroll 4
-        for (int r = 0; r < NR; r++) {
+        for (int r = 0; r < 4; r++) {
             const uint8_t *row = a + (size_t)r * as;
             const block_q8_1 *y = (const block_q8_1 *)row + b;
             const float *ys = (const float *)(row + xoff) + 2 * b;
-            summs[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(ys[1]), summs[r]);
+            if (!HIGH) summs[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(ys[1]), summs[r]);
             const __m512 dd = _mm512_mul_ps(dw, _mm512_set1_ps(ys[0]));
 #pragma GCC unroll 4
             for (int l = 0; l < 4; l++) {
-                const __m512i yq = _mm512_set1_epi32(load_i32(y->qs + 4 * l));
+                const __m512i yq = _mm512_set1_epi32(load_i32(y->qs + 16 * HIGH + 4 * l));
                 acc[r][l] = _mm512_fmadd_ps(dd, lle512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[l], yq)), acc[r][l]);
             }
         }
     }
+}
+
+static void packed_q4_1_4(int k, const uint8_t *pw, const uint8_t *a, size_t as, float *out, size_t ldo) {
+    __m512 lo[4][4], hi[4][4], summs[4];
+    packed_q4_1_4_pass(k, pw, a, as, 0, lo, summs);
+    packed_q4_1_4_pass(k, pw, a, as, 1, hi, summs);
 #pragma GCC unroll 4
-    for (int r = 0; r < NR; r++) {
-#pragma GCC unroll 4
-        for (int l = 0; l < 4; l++) {
-            lo[r][l] = acc[r][l];
-            acc[r][l] = _mm512_setzero_ps();
-        }
-    }
-    const size_t gbytes = (size_t)nb * LLE_PK_Q41_BLOCK;
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *blk = pw + (size_t)b * LLE_PK_Q41_BLOCK;
-        _mm_prefetch((const char *)blk + gbytes, LLE_WEIGHT_HINT);
-        _mm_prefetch((const char *)blk + gbytes + 64, LLE_WEIGHT_HINT);
-        _mm_prefetch((const char *)blk + gbytes + 128, LLE_WEIGHT_HINT);
-        _mm_prefetch((const char *)blk + gbytes + 192, LLE_WEIGHT_HINT);
-        _mm_prefetch((const char *)blk + gbytes + 256, LLE_WEIGHT_HINT);
-        const __m512 dw = lle512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + LLE_PK_Q41_D)));
-        __m512i wq[4];
-#pragma GCC unroll 4
-        for (int c = 0; c < 4; c++)
-            wq[c] = _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512((const void *)(blk + LLE_PK_Q41_QS + 64 * c)), 4), m4);
-#pragma GCC unroll 4
-        for (int r = 0; r < NR; r++) {
-            const uint8_t *row = a + (size_t)r * as;
-            const block_q8_1 *y = (const block_q8_1 *)row + b;
-            const float *ys = (const float *)(row + xoff) + 2 * b;
-            const __m512 dd = _mm512_mul_ps(dw, _mm512_set1_ps(ys[0]));
-#pragma GCC unroll 4
-            for (int l = 0; l < 4; l++) {
-                const __m512i yq = _mm512_set1_epi32(load_i32(y->qs + 16 + 4 * l));
-                acc[r][l] = _mm512_fmadd_ps(dd, lle512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[l], yq)), acc[r][l]);
-            }
-        }
-    }
-#pragma GCC unroll 4
-    for (int r = 0; r < NR; r++) {
-        const __m512 v[8] = {lo[r][0], lo[r][1], lo[r][2], lo[r][3], acc[r][0], acc[r][1], acc[r][2], acc[r][3]};
+    for (int r = 0; r < 4; r++) {
+        const __m512 v[8] = {lo[r][0], lo[r][1], lo[r][2], lo[r][3], hi[r][0], hi[r][1], hi[r][2], hi[r][3]};
         _mm512_storeu_ps(out + (size_t)r * ldo, _mm512_add_ps(hsum8_lanes(v), summs[r]));
     }
 }
