@@ -348,6 +348,7 @@ LLE_INLINE int64_t lle_attn_scratch_floats(int64_t t, int64_t d) {
  * with each lane's cells added in order. */
 #define LLE_ATTN_WIDE_CELLS 256 /* cells per scores / exponentials task (a multiple of 32) */
 #define LLE_ATTN_WIDE_MIN 1024  /* cells from which decode rows take it (lle_set_attn_wide_min) */
+#define LLE_ATTN_WIDE_MAX_HEADS 64
 typedef struct {
     const lle_attn_args *a;  /* n == 1, f16 cache read as f16, d % 32 == 0, heads per KV head <= LLE_ATTN_GROUP */
     int64_t tp, n_blocks;    /* t rounded up to 32; cell blocks of LLE_ATTN_WIDE_CELLS */
@@ -359,6 +360,7 @@ typedef struct {
     int64_t *bjlo, *bjhi;    /* n_blocks: each block's first and last visible cell (t and -1: none) */
     float *inv;              /* n_head: 1 / the sum of exponentials (0: no visible cell) */
     float *maxv;             /* n_head */
+    int *v_left;             /* n_kv: V tasks of each KV head not ended (the last finishes its heads) */
     int64_t jlo, jhi, c0, c1, jb;
 } lle_attn_wide;
 
@@ -381,7 +383,8 @@ typedef struct {
     void (*f32_to_f16)(int64_t n, const float *x, lle_half *y);
     /* lle_attn_wide's phases (NULL: none): the scores of cell block b (bmax, bjlo, bjhi of b); the
      * exponentials of block b's 8-cell chunks in [c0, c1) and their sums (maxv set); the V sums of KV
-     * head g's query heads in lanes 16 * half .. 16 * half + 15 (inv set) */
+     * head g's query heads in lanes 16 * half .. 16 * half + 15 (inv set), the last of g's two tasks
+     * writing its heads' outputs */
     void (*wide_scores)(lle_attn_wide *p, int64_t b);
     void (*wide_exp)(lle_attn_wide *p, int64_t b);
     void (*wide_v)(lle_attn_wide *p, int64_t g, int half);

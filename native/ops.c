@@ -524,22 +524,11 @@ void lle_set_attn_wide_min(long long cells) { g_attn_wide_min = cells < 0 ? 0 : 
 
 #define WIDE_MAX_PROBLEMS 64
 
-/* a head's output from its 32 V lanes (acc[l * d + e]), added in v_sum_finish's order */
-static void v_sum_finish32(const float *acc, int64_t d, float *o) {
-    for (int64_t e = 0; e < d; e++) {
-        float x[8], t0[4];
-        for (int l = 0; l < 8; l++)
-            x[l] = (acc[l * d + e] + acc[(16 + l) * d + e]) + (acc[(8 + l) * d + e] + acc[(24 + l) * d + e]);
-        for (int l = 0; l < 4; l++) t0[l] = x[l] + x[4 + l];
-        o[e] = (t0[0] + t0[1]) + (t0[2] + t0[3]);
-    }
-}
-
 static int attn_wide_eligible(const lle_attn_args *a, int count) {
     if (!lle_ops->wide_scores || count > WIDE_MAX_PROBLEMS || lle_pool_threads() < 2) return 0;
     for (int i = 0; i < count; i++) {
         if (a[i].n != 1 || !a[i].kv_f16 || a[i].kv_wide || a[i].d % 32 != 0 || a[i].n_kv <= 0 ||
-            a[i].n_head % a[i].n_kv != 0 || a[i].n_head / a[i].n_kv > LLE_ATTN_GROUP || a[i].n_head > 64 ||
+            a[i].n_head % a[i].n_kv != 0 || a[i].n_head / a[i].n_kv > LLE_ATTN_GROUP || a[i].n_head > LLE_ATTN_WIDE_MAX_HEADS ||
             a[i].t < 1 || a[i].t < g_attn_wide_min)
             return 0;
     }
@@ -575,7 +564,7 @@ static void attn_wide_run(attn_wide_ctx *c, int phase) {
     c->first[0] = 0;
     for (int i = 0; i < c->count; i++) {
         const lle_attn_wide *p = &c->p[i];
-        const int64_t n = phase < 2 ? p->n_blocks : p->jhi < 0 ? 0 : 2 * p->a->n_kv;
+        const int64_t n = phase < 2 ? p->n_blocks : 2 * p->a->n_kv;
         c->first[i + 1] = c->first[i] + n;
     }
     if (c->first[c->count] > 0) lle_pool_run_chunks(attn_wide_task, c, &c->tasks, c->first[c->count], 0);
@@ -587,7 +576,7 @@ static int attn_wide(const lle_attn_args *a, int count) {
     for (int i = 0; i < count; i++) {
         const int64_t tp = (a[i].t + 31) & ~(int64_t)31, nb = (a[i].t + LLE_ATTN_WIDE_CELLS - 1) / LLE_ATTN_WIDE_CELLS;
         const int64_t nh = a[i].n_head, d = a[i].d;
-        floats += (size_t)(4 * nb + nh * d + nh * tp + nh * (tp / 8) + nh * 32 * d + nb * nh + 2 * nh + 16);
+        floats += (size_t)(4 * nb + nh * d + nh * tp + nh * (tp / 8) + nh * 32 * d + nb * nh + 2 * nh + a[i].n_kv + 16);
     }
     float *f = lle_scratch_ops(floats * sizeof(float));
     if (!f) return -2;
@@ -607,6 +596,7 @@ static int attn_wide(const lle_attn_args *a, int count) {
         q->bmax = f; f += q->n_blocks * nh;
         q->inv = f; f += nh;
         q->maxv = f; f += nh;
+        q->v_left = (int *)(void *)f; f += a[i].n_kv;
         lle_half q16[512];  /* Q rounded to f16, as attn_group_n */
         for (int64_t h = 0; h < nh; h++)
             for (int64_t e0 = 0; e0 < d; e0 += 512) {
@@ -648,17 +638,9 @@ static int attn_wide(const lle_attn_args *a, int count) {
             for (int64_t j = q->c0; j < q->c1; j += 8) sum += (double)q->csum[h * (q->tp / 8) + j / 8];
             q->inv[h] = (float)(1.0 / sum);
         }
+        for (int64_t g = 0; g < a[i].n_kv; g++) q->v_left[g] = 2;
     }
-    attn_wide_run(&c, 2);  /* V sums */
-    for (int i = 0; i < count; i++) {
-        const lle_attn_wide *q = &p[i];
-        const int64_t d = a[i].d;
-        for (int64_t h = 0; h < a[i].n_head; h++) {
-            float *o = a[i].out + h * d;
-            if (q->inv[h] == 0.0f) memset(o, 0, sizeof(float) * (size_t)d);
-            else v_sum_finish32(q->acc + h * 32 * d, d, o);
-        }
-    }
+    attn_wide_run(&c, 2);  /* V sums, and the outputs */
     return 0;
 }
 

@@ -643,15 +643,46 @@ LLE_INLINE void kq8_ggml_group(const uint8_t *k0, size_t kst, const float *const
 
 /* scores_blocked (ggml order, f16 cache) for nh queries: w[h] gets query h's scores, max[h] its max;
  * the visible range [jlo, jhi] depends on positions only, so it is the same for every query */
+/* scores_group's steps, shared with wide_scores: the scores of the visible 8 cells at j (vis != 0) for
+ * nh queries into w[h] + j, their running maxima vmax; one cell j's scores (the t % 8 tail), max */
+LLE_INLINE void scores8_group(const lle_attn_args *a, const uint8_t *k8, size_t kst, const float *const *qv, int nh,
+                              int vis, float *const *w, int64_t j, __m256 *vmax) {
+    const __m256 ninf = _mm256_set1_ps(-INFINITY), vscale = _mm256_set1_ps(a->scale);
+    const float inv_cap = a->softcap > 0 ? 1.0f / a->softcap : 0.0f;
+    __m256 s[LLE_ATTN_GROUP];
+    kq8_ggml_group(k8, kst, qv, nh, a->d, s);
+    for (int h = 0; h < nh; h++) {
+        const __m256 sh = finish_scores8(s[h], vis, a, inv_cap, vscale, ninf);
+        _mm256_storeu_ps(w[h] + j, sh);
+        vmax[h] = _mm256_max_ps(sh, vmax[h]);
+    }
+}
+
+LLE_INLINE void score1_group(const lle_attn_args *a, const lle_half *kh, const float *const *qv, int nh,
+                             float *const *w, int64_t j, float *max) {
+    const float inv_cap = a->softcap > 0 ? 1.0f / a->softcap : 0.0f;
+    for (int h = 0; h < nh; h++) {
+        float sc = kq_ggml_f16(kh, qv[h], a->d);
+        if (a->softcap > 0) sc = tanhf(sc * inv_cap) * a->softcap;
+        w[h][j] = sc * a->scale;
+        if (w[h][j] > max[h]) max[h] = w[h][j];
+    }
+}
+
+/* cell j's visibility for query position qp (the scalar test of the t % 8 tail) */
+LLE_INLINE int visible1(const lle_attn_args *a, int64_t j, int qp) {
+    const int kp = a->k_pos[j];
+    return !(kp < 0 || kp > qp || (a->window > 0 && qp - kp >= a->window));
+}
+
 LLE_INLINE void scores_group(const lle_attn_args *a, int64_t g, int qp, const float *const *qv, int nh,
                              float *const *w, float *max, int64_t *jlo_out, int64_t *jhi_out) {
-    const int64_t d = a->d, t = a->t;
+    const int64_t t = a->t;
     const size_t kst = (size_t)a->ks_t * 2;
     const uint8_t *kb = a->k + (size_t)(g * a->ks_h) * 2;
     const __m256i vqp = _mm256_set1_epi32(qp), vwin = _mm256_set1_epi32(a->window);
-    const __m256 ninf = _mm256_set1_ps(-INFINITY), vscale = _mm256_set1_ps(a->scale);
-    const float inv_cap = a->softcap > 0 ? 1.0f / a->softcap : 0.0f;
-    __m256 vmax[LLE_ATTN_GROUP], s[LLE_ATTN_GROUP];
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    __m256 vmax[LLE_ATTN_GROUP];
     for (int h = 0; h < nh; h++) vmax[h] = ninf;
     int64_t jlo = t, jhi = -1, j = 0;
     prefetch_kv_start(a, g, 2);
@@ -664,29 +695,17 @@ LLE_INLINE void scores_group(const lle_attn_args *a, int64_t g, int qp, const fl
         if (jlo == t) jlo = j + __builtin_ctz((unsigned)vis);
         jhi = j + 31 - __builtin_clz((unsigned)vis);
         prefetch_kv8(a, g, j, 2);
-        kq8_ggml_group(kb + j * kst, kst, qv, nh, d, s);
-        for (int h = 0; h < nh; h++) {
-            const __m256 sh = finish_scores8(s[h], vis, a, inv_cap, vscale, ninf);
-            _mm256_storeu_ps(w[h] + j, sh);
-            vmax[h] = _mm256_max_ps(sh, vmax[h]);
-        }
+        scores8_group(a, kb + j * kst, kst, qv, nh, vis, w, j, vmax);
     }
     for (int h = 0; h < nh; h++) max[h] = max8(vmax[h]);
     for (; j < t; j++) {  /* the last t % 8 cells one by one, as scores_blocked */
-        const int kp = a->k_pos[j];
-        if (kp < 0 || kp > qp || (a->window > 0 && qp - kp >= a->window)) {
+        if (!visible1(a, j, qp)) {
             for (int h = 0; h < nh; h++) w[h][j] = -INFINITY;
             continue;
         }
         if (j < jlo) jlo = j;
         jhi = j;
-        const lle_half *kh = (const lle_half *)(kb + j * kst);
-        for (int h = 0; h < nh; h++) {
-            float sc = kq_ggml_f16(kh, qv[h], d);
-            if (a->softcap > 0) sc = tanhf(sc * inv_cap) * a->softcap;
-            w[h][j] = sc * a->scale;
-            if (w[h][j] > max[h]) max[h] = w[h][j];
-        }
+        score1_group(a, (const lle_half *)(kb + j * kst), qv, nh, w, j, max);
     }
     *jlo_out = jlo;
     *jhi_out = jhi;
@@ -819,64 +838,50 @@ static void attn_group(const lle_attn_args *a, int64_t i, int64_t h0, int nh, fl
 
 /* ---- lle_attn_wide's phases (common.h; ops.c runs them): attn_group's operations, split by cells and
  * by (KV head, lane half) ---- */
-#define WIDE_MAX_HEADS 64
 
-/* scores of block b's cells for every head, KV head by KV head per 8 cells (the cells' rows of all
- * KV heads are adjacent, so the block is read front to back), as scores_group */
+/* scores of block b's cells for every head, as scores_group, but KV head by KV head per 8 cells: the
+ * cells' rows of all KV heads are adjacent, so the block is read front to back */
 LLE_INLINE void wide_scores_n(lle_attn_wide *p, int64_t b, const int hpg) {
     const lle_attn_args *a = p->a;
-    const int64_t d = a->d, t = a->t, nh = a->n_head, nkv = a->n_kv;
+    const int64_t t = a->t, nh = a->n_head, nkv = a->n_kv;
     const int64_t j0 = b * LLE_ATTN_WIDE_CELLS, j1 = j0 + LLE_ATTN_WIDE_CELLS < t ? j0 + LLE_ATTN_WIDE_CELLS : t;
     const size_t kst = (size_t)a->ks_t * 2;
     const int qp = a->q_pos[0];
     const __m256i vqp = _mm256_set1_epi32(qp), vwin = _mm256_set1_epi32(a->window);
-    const __m256 ninf = _mm256_set1_ps(-INFINITY), vscale = _mm256_set1_ps(a->scale);
-    const float inv_cap = a->softcap > 0 ? 1.0f / a->softcap : 0.0f;
-    __m256 vmax[WIDE_MAX_HEADS], s[LLE_ATTN_GROUP];
-    const float *qv[WIDE_MAX_HEADS];
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    __m256 vmax[LLE_ATTN_WIDE_MAX_HEADS];
+    const float *qv[LLE_ATTN_WIDE_MAX_HEADS];
+    float *w[LLE_ATTN_WIDE_MAX_HEADS];
     for (int64_t h = 0; h < nh; h++) {
         vmax[h] = ninf;
-        qv[h] = p->qc + h * d;
+        qv[h] = p->qc + h * a->d;
+        w[h] = p->w + h * p->tp;
     }
     int64_t jlo = t, jhi = -1, j = j0;
     for (; j + 8 <= j1; j += 8) {
         const int vis = visible8(a->k_pos + j, vqp, a->window, vwin);
         if (!vis) {
-            for (int64_t h = 0; h < nh; h++) _mm256_storeu_ps(p->w + h * p->tp + j, ninf);
+            for (int64_t h = 0; h < nh; h++) _mm256_storeu_ps(w[h] + j, ninf);
             continue;
         }
         if (jlo == t) jlo = j + __builtin_ctz((unsigned)vis);
         jhi = j + 31 - __builtin_clz((unsigned)vis);
-        for (int64_t g = 0; g < nkv; g++) {
-            kq8_ggml_group(a->k + (size_t)(g * a->ks_h) * 2 + j * kst, kst, qv + g * hpg, hpg, d, s);
-            for (int hh = 0; hh < hpg; hh++) {
-                const int64_t h = g * hpg + hh;
-                const __m256 sh = finish_scores8(s[hh], vis, a, inv_cap, vscale, ninf);
-                _mm256_storeu_ps(p->w + h * p->tp + j, sh);
-                vmax[h] = _mm256_max_ps(sh, vmax[h]);
-            }
-        }
+        for (int64_t g = 0; g < nkv; g++)
+            scores8_group(a, a->k + (size_t)(g * a->ks_h) * 2 + j * kst, kst, qv + g * hpg, hpg, vis, w + g * hpg, j,
+                          vmax + g * hpg);
     }
     float *bmax = p->bmax + b * nh;
     for (int64_t h = 0; h < nh; h++) bmax[h] = max8(vmax[h]);
     for (; j < j1; j++) {  /* the last t % 8 cells one by one, as scores_group */
-        const int kp = a->k_pos[j];
-        if (kp < 0 || kp > qp || (a->window > 0 && qp - kp >= a->window)) {
-            for (int64_t h = 0; h < nh; h++) p->w[h * p->tp + j] = -INFINITY;
+        if (!visible1(a, j, qp)) {
+            for (int64_t h = 0; h < nh; h++) w[h][j] = -INFINITY;
             continue;
         }
         if (j < jlo) jlo = j;
         jhi = j;
-        for (int64_t g = 0; g < nkv; g++) {
-            const lle_half *kh = (const lle_half *)(a->k + (size_t)(g * a->ks_h) * 2 + j * kst);
-            for (int hh = 0; hh < hpg; hh++) {
-                const int64_t h = g * hpg + hh;
-                float sc = kq_ggml_f16(kh, qv[h], d);
-                if (a->softcap > 0) sc = tanhf(sc * inv_cap) * a->softcap;
-                p->w[h * p->tp + j] = sc * a->scale;
-                if (p->w[h * p->tp + j] > bmax[h]) bmax[h] = p->w[h * p->tp + j];
-            }
-        }
+        for (int64_t g = 0; g < nkv; g++)
+            score1_group(a, (const lle_half *)(a->k + (size_t)(g * a->ks_h) * 2 + j * kst), qv + g * hpg, hpg,
+                         w + g * hpg, j, bmax + g * hpg);
     }
     p->bjlo[b] = jlo;
     p->bjhi[b] = jhi;
@@ -940,8 +945,7 @@ LLE_INLINE void wide_v_n(lle_attn_wide *p, int64_t g, int half, const int hpg) {
                 _mm256_storeu_ps(w[hh] + j, x);
             }
     }
-    if (!nlive) return;
-    for (int64_t l = l0; l < l0 + 16; l++) {
+    for (int64_t l = l0; nlive && l < l0 + 16; l++) {
         for (int64_t e0 = 0; e0 < d; e0 += 64) {
             const int four = d - e0 >= 64;  /* else the last 32 values */
             __m512 z[LLE_ATTN_GROUP][4];
@@ -977,6 +981,13 @@ LLE_INLINE void wide_v_n(lle_attn_wide *p, int64_t g, int half, const int hpg) {
                 }
             }
         }
+    }
+    /* the second of KV head g's two tasks to end adds the 32 lanes of its heads (attn_group_n's end) */
+    if (__atomic_sub_fetch(&p->v_left[g], 1, __ATOMIC_ACQ_REL) != 0) return;
+    for (int hh = 0; hh < hpg; hh++) {
+        float *o = a->out + (h0 + hh) * d;
+        if (live[hh]) v_sum_finish(p->acc + (h0 + hh) * 32 * d, d, d, 32, o);
+        else memset(o, 0, sizeof(float) * (size_t)d);
     }
 }
 
