@@ -1,13 +1,15 @@
 /* Library state and the quantized-product entry points: CPU feature detection, the run-time
  * dispatch table (per type, the best kernel of the selected ISA, falling back to lower ISAs),
  * LLMEDGE_ISA, scratch buffers, and the matmul driver (activation quantization, then row-chunked
- * matrix-vector products for decode or row x column tiles for prefill, over the thread pool).
+ * matrix-vector products for decode or row x column tiles for prefill, over the thread pool), and
+ * which prefetch hint the weight streams take (lle_set_weight_prefetch).
  */
 #include "common.h"
 
 #include <pthread.h>
 #include <stdlib.h>
 #include <strings.h>
+#include <unistd.h>
 
 #if defined(LLE_ARM64) && defined(__linux__)
 #include <sys/auxv.h>
@@ -118,6 +120,8 @@ static int detect_cpu(void) {
     int f = 0;
 #if defined(LLE_X86) && defined(__GNUC__)
     __builtin_cpu_init();
+    if (__builtin_cpu_is("intel")) f |= LLE_CPU_INTEL;
+    if (__builtin_cpu_is("amd")) f |= LLE_CPU_AMD;
     if (__builtin_cpu_supports("avx2")) f |= LLE_CPU_AVX2;
     if (__builtin_cpu_supports("fma")) f |= LLE_CPU_FMA;
     if (__builtin_cpu_supports("avx512f")) f |= LLE_CPU_AVX512F;
@@ -343,6 +347,22 @@ void lle_test_add_cpu_features(int features) {
 }
 
 void lle_set_spin_us(int us) { lle_pool_set_spin_us(us); }
+
+int lle_weights_cached = 0;
+
+void lle_set_weight_prefetch(int keep) { __atomic_store_n(&lle_weights_cached, keep != 0, __ATOMIC_RELAXED); }
+
+int lle_weight_prefetch(void) { return __atomic_load_n(&lle_weights_cached, __ATOMIC_RELAXED); }
+
+long long lle_llc_bytes(void) {
+#if defined(_SC_LEVEL3_CACHE_SIZE)
+    const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    if (l3 > 0) return l3;
+    const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    if (l2 > 0) return l2;
+#endif
+    return 0;
+}
 
 int lle_act_rounding_mode(void) { return lle_act_rounding; }
 

@@ -29,11 +29,25 @@
 #define LLE_ARM64 1
 #endif
 
-/* The hint of every prefetch that runs ahead of a weight stream (x86 decode kernels): non-temporal.
- * A decode step reads ~100 MB of weights once; with T0 they evicted the K/V cache, activations and
- * scales from L2/L3 on every step (SmolLM2 on a Zen 4, 1-sequence step minimum 4.33-4.65 -> 3.93-4.39
- * ms, 4 sequences 6.37-6.93 -> 5.57-5.82 ms). */
-#define LLE_WEIGHT_HINT _MM_HINT_NTA
+/* The hint of every prefetch that runs ahead of a weight stream (x86 decode kernels), chosen per
+ * process by lle_set_weight_prefetch: non-temporal (NTA) by default, T0 when the weights a step reads
+ * fit in the last-level cache (the Python backend decides, see llmedge/backends/native.py).
+ * - NTA: where the ~100 MB a step reads exceed the cache, T0 made them evict the K/V cache,
+ *   activations and scales from L2/L3 on every step (SmolLM2 on a Zen 4 with 32 MB of L3, 1-sequence
+ *   step minimum 4.33-4.65 -> 3.93-4.39 ms, 4 sequences 6.37-6.93 -> 5.57-5.82 ms).
+ * - T0: where they fit, NTA kept them out of the L3 (an Intel L3 does not keep NTA lines), so every
+ *   step read them from memory again (SmolLM2 on a Xeon with 300 MB of L3: 8.4 -> 3.3 ms per token).
+ * The branch is on a flag that changes only between products, so it costs no measurable time. */
+extern int lle_weights_cached;
+#if defined(LLE_X86)
+#include <xmmintrin.h>
+LLE_INLINE void lle_prefetch_weight(const void *p) {
+    if (__atomic_load_n(&lle_weights_cached, __ATOMIC_RELAXED))
+        _mm_prefetch((const char *)p, _MM_HINT_T0);
+    else
+        _mm_prefetch((const char *)p, _MM_HINT_NTA);
+}
+#endif
 
 /* ---- GGML type ids (gguf-py GGMLQuantizationType) ---- */
 enum {
@@ -48,7 +62,8 @@ enum {
     LLE_CPU_AVX2 = 1 << 0, LLE_CPU_FMA = 1 << 1, LLE_CPU_F16C = 1 << 2, LLE_CPU_AVX512F = 1 << 3,
     LLE_CPU_AVX512BW = 1 << 4, LLE_CPU_AVX512VL = 1 << 5, LLE_CPU_AVX512VNNI = 1 << 6,
     LLE_CPU_AVX512BF16 = 1 << 7, LLE_CPU_NEON = 1 << 8, LLE_CPU_DOTPROD = 1 << 9,
-    LLE_CPU_I8MM = 1 << 10, LLE_CPU_AVX512DQ = 1 << 11
+    LLE_CPU_I8MM = 1 << 10, LLE_CPU_AVX512DQ = 1 << 11,
+    LLE_CPU_INTEL = 1 << 12, LLE_CPU_AMD = 1 << 13 /* the vendor (the weight prefetch hint's default) */
 };
 
 #define QK 32

@@ -13,6 +13,11 @@ int lle_isa(void);                           /* 0 scalar, 1 avx2, 2 avx512, 3 ne
 int lle_set_isa(int isa);                    /* force an ISA no higher than the CPU's; returns it or -1 */
 int lle_isa_available(int isa);
 void lle_set_spin_us(int us);                /* how long idle workers spin before they sleep */
+/* 1: weight-stream prefetches keep their lines in the caches (T0; the weights fit in the last-level
+ * cache), 0: non-temporal (NTA, the default) */
+void lle_set_weight_prefetch(int keep);
+int lle_weight_prefetch(void);
+long long lle_llc_bytes(void);               /* the last-level cache's bytes as the OS reports them; 0 unknown */
 int lle_act_rounding_mode(void);             /* Q8_0/Q8_1 activation rounding: 0 ref, 1 x86, 2 arm */
 int lle_set_act_rounding(int mode);          /* returns the mode, or -1 if invalid */
 

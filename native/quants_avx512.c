@@ -137,7 +137,7 @@ LLE_INLINE lle_mask32 q5_bits32(const uint8_t *qh) {
             const WBLOCK *x = (const WBLOCK *)((const uint8_t *)w + (size_t)j * ws);                     \
             __m256 acc = _mm256_setzero_ps();                                                            \
             for (int ib = 0; ib < k / QK; ++ib) {                                                        \
-                _mm_prefetch((const char *)(x + ib) + LLE_PREFETCH, LLE_WEIGHT_HINT);                    \
+                lle_prefetch_weight((const char *)(x + ib) + LLE_PREFETCH);                    \
                 const __m256 d = _mm256_set1_ps(h2f(x[ib].d) * as[ib]);                                  \
                 acc = _mm256_fmadd_ps(d, dot_i8_float(UNPACK(x[ib]), _mm256_loadu_si256((const __m256i *)y[ib].qs)), acc); \
             }                                                                                            \
@@ -171,7 +171,7 @@ static void gemv_q4_1(int k, const void *w, size_t ws, int nr, const void *a, co
         __m256 acc = _mm256_setzero_ps();
         float summs = 0;
         for (int ib = 0; ib < nb; ++ib) {
-            _mm_prefetch((const char *)(x + ib) + LLE_PREFETCH, LLE_WEIGHT_HINT);
+            lle_prefetch_weight((const char *)(x + ib) + LLE_PREFETCH);
             const __m128 dm = h2f_pair(&x[ib].d);
             summs = fmaf(_mm_cvtss_f32(_mm_movehdup_ps(dm)), ys[ib], summs);
             const __m256 d0d1 = _mm256_set1_ps(_mm_cvtss_f32(dm) * yd[ib]);
@@ -407,8 +407,8 @@ static void vec_dot_q4_K_r8(int n, float *LLE_RESTRICT s, const void *LLE_RESTRI
     const block_q8_K *y = vy;
     float acc = 0, accm = 0;
     for (int i = 0; i < n / QK_K; ++i) {
-        _mm_prefetch((const char *)(x + i) + LLE_PREFETCH, LLE_WEIGHT_HINT);
-        _mm_prefetch((const char *)(x + i) + LLE_PREFETCH + 64, LLE_WEIGHT_HINT);
+        lle_prefetch_weight((const char *)(x + i) + LLE_PREFETCH);
+        lle_prefetch_weight((const char *)(x + i) + LLE_PREFETCH + 64);
         int32_t s1, s2;
         ints_q4_K(x + i, y + i, &s1, &s2);
         acc = fmaf((float)s1, h2f(x[i].d) * y[i].d, acc);
@@ -555,11 +555,11 @@ LLE_INLINE void packed_q4_1_nr(const int NR, int k, const uint8_t *pw, const uin
     }
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = pw + (size_t)b * LLE_PK_Q41_BLOCK;
-        _mm_prefetch((const char *)blk + LLE_PREFETCH, LLE_WEIGHT_HINT);
-        _mm_prefetch((const char *)blk + LLE_PREFETCH + 64, LLE_WEIGHT_HINT);
-        _mm_prefetch((const char *)blk + LLE_PREFETCH + 128, LLE_WEIGHT_HINT);
-        _mm_prefetch((const char *)blk + LLE_PREFETCH + 192, LLE_WEIGHT_HINT);
-        _mm_prefetch((const char *)blk + LLE_PREFETCH + 256, LLE_WEIGHT_HINT);
+        lle_prefetch_weight((const char *)blk + LLE_PREFETCH);
+        lle_prefetch_weight((const char *)blk + LLE_PREFETCH + 64);
+        lle_prefetch_weight((const char *)blk + LLE_PREFETCH + 128);
+        lle_prefetch_weight((const char *)blk + LLE_PREFETCH + 192);
+        lle_prefetch_weight((const char *)blk + LLE_PREFETCH + 256);
         const __m512 dw = lle512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + LLE_PK_Q41_D)));
         const __m512 mw = lle512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + LLE_PK_Q41_M)));
         __m512i wq[8];
@@ -616,7 +616,7 @@ LLE_INLINE void packed_q4_1_4_pass(int k, const uint8_t *pw, const uint8_t *a, s
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = pw + (size_t)b * LLE_PK_Q41_BLOCK;
 #pragma GCC unroll 5
-        for (int i = 0; i < 5; i++) _mm_prefetch((const char *)blk + ahead + 64 * i, LLE_WEIGHT_HINT);
+        for (int i = 0; i < 5; i++) lle_prefetch_weight((const char *)blk + ahead + 64 * i);
         const __m512 dw = lle512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + LLE_PK_Q41_D)));
         __m512 mw = _mm512_setzero_ps();
         if (!HIGH) mw = lle512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + LLE_PK_Q41_M)));
@@ -708,7 +708,7 @@ LLE_INLINE void packed_q8_0_nr(const int NR, int k, const uint8_t *pw, const uin
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = pw + (size_t)b * LLE_PK_Q80_BLOCK;
 #pragma GCC unroll 9
-        for (int i = 0; i < 9; i++) _mm_prefetch((const char *)blk + LLE_PREFETCH + 64 * i, LLE_WEIGHT_HINT);
+        for (int i = 0; i < 9; i++) lle_prefetch_weight((const char *)blk + LLE_PREFETCH + 64 * i);
         const __m512 dw = lle512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + LLE_PK_Q80_D)));
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) {
@@ -789,9 +789,9 @@ static void vec_dot_q6_K(int n, float *LLE_RESTRICT s, const void *LLE_RESTRICT 
     const block_q8_K *y = vy;
     __m256 acc = _mm256_setzero_ps();
     for (int i = 0; i < n / QK_K; ++i) {
-        _mm_prefetch((const char *)(x + i) + LLE_PREFETCH, LLE_WEIGHT_HINT);
-        _mm_prefetch((const char *)(x + i) + LLE_PREFETCH + 64, LLE_WEIGHT_HINT);
-        _mm_prefetch((const char *)(x + i) + LLE_PREFETCH + 128, LLE_WEIGHT_HINT);
+        lle_prefetch_weight((const char *)(x + i) + LLE_PREFETCH);
+        lle_prefetch_weight((const char *)(x + i) + LLE_PREFETCH + 64);
+        lle_prefetch_weight((const char *)(x + i) + LLE_PREFETCH + 128);
         const float d = y[i].d * h2f(x[i].d);
         q6_unpacked u;
         q6_unpack(x + i, &u);
@@ -1085,7 +1085,7 @@ LLE_INLINE float rows_half_sum(__m512 v, int r) {
             __m512 acc[LLE_GEMV_ROWS / 2];                                                                    \
             for (int p = 0; p < np; p++) acc[p] = _mm512_setzero_ps();                                        \
             for (int ib = 0; ib < nb; ++ib) {                                                                 \
-                _mm_prefetch((const char *)(x + ib) + LLE_PREFETCH, LLE_WEIGHT_HINT);                         \
+                lle_prefetch_weight((const char *)(x + ib) + LLE_PREFETCH);                         \
                 const __m256 dd = _mm256_mul_ps(_mm256_set1_ps(h2f(x[ib].d)), _mm256_loadu_ps(sc + 8 * ib));  \
                 const __m512i qx = X2(x[ib]);                                                                 \
                 const __m512i ax = _mm512_abs_epi8(qx);                                                       \
@@ -1124,7 +1124,7 @@ ROWS512_Q80(q4_0, block_q4_0, X2_Q4_0)
             __m256 dd[4];                                                                                     \
             __m512i qx[4];                                                                                    \
             for (int q = 0; q < NW; q++) {                                                                    \
-                _mm_prefetch((const char *)(x[q] + ib) + LLE_PREFETCH, LLE_WEIGHT_HINT);                      \
+                lle_prefetch_weight((const char *)(x[q] + ib) + LLE_PREFETCH);                      \
                 const __m128 dm = h2f_pair(&x[q][ib].d);                                                      \
                 dd[q] = _mm256_mul_ps(_mm256_broadcastss_ps(dm), _mm256_loadu_ps(sc + 8 * ib));               \
                 summs[q] = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dm)), _mm256_loadu_ps(ss + 8 * ib), summs[q]); \

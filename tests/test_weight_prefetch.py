@@ -1,0 +1,106 @@
+"""The prefetch hint of the weight streams (native backend): the policy (``keep_weights_cached``), the
+flag it sets in C as weights come and go, ``LLMEDGE_WEIGHT_PREFETCH``, and that the hint changes
+no value."""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from llmedge.backends import native_status
+from llmedge.errors import LlmedgeError
+
+if not native_status()[0]:  # pragma: no cover - the suite installs the native build
+    pytest.fail(native_status()[1])
+
+from llmedge.backends import native  # noqa: E402
+
+AMD, INTEL = 1 << 13, 1 << 12  # LLE_CPU_AMD, LLE_CPU_INTEL (native/common.h)
+MB = 1 << 20
+
+
+def fake_cpu(monkeypatch: pytest.MonkeyPatch, features: int, llc: int) -> None:
+    monkeypatch.setattr(native, "lib", SimpleNamespace(lle_cpu_features=lambda: features, lle_llc_bytes=lambda: llc))
+
+
+def test_amd_keeps_weights_that_fit_half_the_last_level_cache_and_streams_the_rest(monkeypatch) -> None:
+    monkeypatch.delenv(native.WEIGHT_PREFETCH_ENV, raising=False)
+    fake_cpu(monkeypatch, AMD, 32 * MB)
+    assert native.keep_weights_cached(16 * MB)
+    assert not native.keep_weights_cached(16 * MB + 1)
+    assert not native.keep_weights_cached(100 * MB)
+    fake_cpu(monkeypatch, AMD, 0)  # cache size unknown: stream
+    assert not native.keep_weights_cached(1 * MB)
+
+
+def test_other_cpus_keep_weights_whatever_their_size(monkeypatch) -> None:
+    monkeypatch.delenv(native.WEIGHT_PREFETCH_ENV, raising=False)
+    for features in (INTEL, 0):
+        fake_cpu(monkeypatch, features, 32 * MB)
+        assert native.keep_weights_cached(400 * MB)
+
+
+def test_the_environment_forces_either_hint_and_rejects_other_values(monkeypatch) -> None:
+    fake_cpu(monkeypatch, AMD, 32 * MB)
+    monkeypatch.setenv(native.WEIGHT_PREFETCH_ENV, "keep")
+    assert native.keep_weights_cached(400 * MB)
+    monkeypatch.setenv(native.WEIGHT_PREFETCH_ENV, "Stream")
+    assert not native.keep_weights_cached(1 * MB)
+    monkeypatch.setenv(native.WEIGHT_PREFETCH_ENV, "auto")
+    assert native.keep_weights_cached(1 * MB) and not native.keep_weights_cached(400 * MB)
+    monkeypatch.setenv(native.WEIGHT_PREFETCH_ENV, "t0")
+    with pytest.raises(LlmedgeError, match="LLMEDGE_WEIGHT_PREFETCH=t0 is not a prefetch mode"):
+        native.keep_weights_cached(1 * MB)
+
+
+def test_a_bad_mode_fails_the_command_with_one_line(smollm2_path: Path) -> None:
+    env = dict(os.environ, LLMEDGE_WEIGHT_PREFETCH="fast", LLMEDGE_BACKEND="native")
+    r = subprocess.run([sys.executable, "-m", "llmedge.cli.main", "show", str(smollm2_path)], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, r.stdout
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "LLMEDGE_WEIGHT_PREFETCH=fast" in lines[0], r.stderr
+
+
+def test_loading_and_freeing_a_model_accounts_its_weights_and_sets_the_c_flag(smollm2_path: Path, monkeypatch) -> None:
+    import llmedge
+
+    monkeypatch.delenv(native.WEIGHT_PREFETCH_ENV, raising=False)
+    gc.collect()
+    before = native._live_weight_bytes
+    m = llmedge.load(str(smollm2_path), backend="native")
+    file_bytes = sum(int(t.n_bytes) for t in m.gguf.tensors.values() if len(t.dims) == 2)
+    assert native._live_weight_bytes - before == file_bytes
+    want = "keep" if native.keep_weights_cached(native._live_weight_bytes) else "stream"
+    assert native.weight_prefetch() == want
+    del m
+    gc.collect()
+    assert native._live_weight_bytes == before
+
+
+def test_the_hint_changes_no_product(smollm2_path: Path) -> None:
+    """Both hints run the same kernels: the same bits for one row (decode) and four (batched rows)."""
+    import llmedge
+
+    m = llmedge.load(str(smollm2_path), backend="native")
+    be, layer = m.model.backend, m.model.layers[3]
+    x = np.random.default_rng(0).standard_normal((4, layer["ffn_up"].k)).astype(np.float32)
+    was = native.lib.lle_weight_prefetch()
+    try:
+        got = []
+        for keep in (0, 1):
+            native.lib.lle_set_weight_prefetch(keep)
+            assert native.weight_prefetch() == ("keep" if keep else "stream")
+            got.append((be.matmul(x[:1], layer["ffn_up"]), be.matmul_rows(x, layer["ffn_up"]),
+                        be.matmul(x[:1], m.model.output)))
+    finally:
+        native.lib.lle_set_weight_prefetch(was)
+    for a, b in zip(*got):
+        assert np.array_equal(a, b)
