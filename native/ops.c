@@ -407,26 +407,30 @@ int lle_softmax(const float *x, long long n, long long d, float scale, float *ou
 
 typedef struct {
     lle_attn_args a;
-    float *scratch; int64_t scratch_per_thread;
-    int64_t rows_per_task, n_blocks;   /* a task: rows_per_task query rows of one head */
+    float *scratch; int64_t scratch_per_thread, per_head;
+    int64_t rows_per_task, n_blocks;   /* a task: rows_per_task query rows of nh heads */
+    int nh;                            /* heads per task (sharing a KV head: attn_group), or 1 */
     lle_chunks tasks;
 } attn_ctx;
 
-/* Tasks run kv head by kv head, then block of query rows, then the query heads that share the kv
- * head, so the K/V rows of one head stay in cache across consecutive tasks. Every (row, head) is
- * computed independently: the split changes no value. */
+/* Tasks run kv head by kv head, then block of query rows, then the groups of query heads that share
+ * the kv head, so the K/V rows of one head stay in cache across consecutive tasks. Every (row, head)
+ * is computed independently (attn_group: each head as attn_row), so the split changes no value. */
 static void attn_task(void *vctx, int ith, int nth) {
     (void)nth;
     attn_ctx *c = vctx;
     float *scratch = c->scratch + ith * c->scratch_per_thread;
-    const int64_t n = c->a.n, hpg = c->a.n_head / c->a.n_kv, per_kv = c->n_blocks * hpg;
+    const int64_t n = c->a.n, groups = c->a.n_head / c->a.n_kv / c->nh, per_kv = c->n_blocks * groups;
     for (;;) {
         const int64_t task = lle_chunks_next(&c->tasks, ith);
         if (task < 0) break;
         const int64_t g = task / per_kv, rem = task % per_kv;
-        const int64_t h = g * hpg + rem % hpg, i0 = (rem / hpg) * c->rows_per_task;
+        const int64_t h0 = g * groups * c->nh + (rem % groups) * c->nh, i0 = (rem / groups) * c->rows_per_task;
         const int64_t i1 = i0 + c->rows_per_task < n ? i0 + c->rows_per_task : n;
-        for (int64_t i = i0; i < i1; i++) lle_ops->attn_row(&c->a, i, h, scratch);
+        for (int64_t i = i0; i < i1; i++) {
+            if (c->nh == 1) lle_ops->attn_row(&c->a, i, h0, scratch);
+            else lle_ops->attn_group(&c->a, i, h0, c->nh, scratch, c->per_head);
+        }
     }
 }
 
@@ -443,13 +447,19 @@ int lle_attention_impl(const float *q, long long n, long long n_head, long long 
     }
     const int nth = lle_pool_threads();
     const int64_t per = (lle_attn_scratch_floats(t, d) + 15) & ~(int64_t)15;
-    float *scratch = lle_scratch_ops((size_t)(per * nth) * sizeof(float));
+    /* several rows: every task has rows to spare, so heads group by the largest divisor of the heads
+     * per KV head that attn_group takes (it reads each K/V row once for them) */
+    int nh = 1;
+    if (lle_ops->attn_group && kv_f16 && d % 8 == 0)
+        for (int m = LLE_ATTN_GROUP; m >= 2 && nh == 1; m--)
+            if ((n_head / n_kv) % m == 0) nh = m;
+    float *scratch = lle_scratch_ops((size_t)(per * nh * nth) * sizeof(float));
     if (!scratch) {
         return -2;
     }
     attn_ctx c = {{q, n, n_head, d, k, v, kv_f16, t, n_kv, k_stride_t, k_stride_h, v_stride_t, v_stride_h,
                    q_pos, k_pos, scale, window, softcap, out, 0},
-                  scratch, per, 1, n, {.n = 0}};
+                  scratch, per * nh, per, 1, n, nh, {.n = 0}};
     /* prefill over an f16 cache: every K/V row is read by n * n_head / n_kv queries, so convert the
      * rows once into f32 copies (exact) instead of at every read; same values, same order */
     if (kv_f16 && n >= 4 && d % 8 == 0 && t > 0) {
@@ -468,12 +478,12 @@ int lle_attention_impl(const float *q, long long n, long long n_head, long long 
         c.a.kv_wide = 1;
     }
     /* blocks of up to 32 query rows, at least ~16 tasks per thread */
-    int64_t rows = n * n_head / (16 * (int64_t)nth);
+    int64_t rows = n * (n_head / nh) / (16 * (int64_t)nth);
     rows = rows < 1 ? 1 : rows > 32 ? 32 : rows;
     c.rows_per_task = rows;
     c.n_blocks = (n + rows - 1) / rows;
     /* below ~100k multiply-adds the pool round trip costs more than it saves */
-    lle_pool_run_chunks(attn_task, &c, &c.tasks, n_kv * c.n_blocks * (n_head / n_kv),
+    lle_pool_run_chunks(attn_task, &c, &c.tasks, n_kv * c.n_blocks * (n_head / n_kv / nh),
                         n * n_head == 1 || nth == 1 || n * n_head * t * d < 100000);
     return 0;
 }

@@ -641,16 +641,43 @@ LLE_INLINE void kq8_ggml_group(const uint8_t *k0, size_t kst, const float *const
     for (int h = 0; h < nh; h++) s[h] = reduce_ggml4_x8(x[h]);
 }
 
+/* scores of cells j..j+7 for nh queries (tinyBLAS's order per query, as kq8_tb) into s[h] */
+LLE_INLINE void kq8_tb_group(const uint8_t *k0, size_t kst, const float *const *qv, int nh, int64_t d, int f16,
+                             __m256 *s) {
+    const size_t esz = f16 ? 2 : 4;
+    __m512 c2[LLE_ATTN_GROUP][4];
+    for (int h = 0; h < nh; h++) c2[h][0] = c2[h][1] = c2[h][2] = c2[h][3] = _mm512_setzero_ps();
+    for (int64_t l = 0; l < d; l += 8) {
+        const uint8_t *kl = k0 + (size_t)l * esz;
+        __m512 kp[4];
+        for (int p = 0; p < 4; p++) kp[p] = ld_kv_pair(kl + 2 * p * kst, kl + (2 * p + 1) * kst, f16);
+        for (int h = 0; h < nh; h++) {
+            const __m256 q8 = _mm256_loadu_ps(qv[h] + l);
+            const __m512 qq = _mm512_insertf32x8(_mm512_castps256_ps512(q8), q8, 1);
+            for (int p = 0; p < 4; p++) c2[h][p] = _mm512_fmadd_ps(kp[p], qq, c2[h][p]);
+        }
+    }
+    for (int h = 0; h < nh; h++) {
+        __m256 c[8];
+        for (int p = 0; p < 4; p++) {
+            c[2 * p] = lo256(c2[h][p]);
+            c[2 * p + 1] = hi256(c2[h][p]);
+        }
+        s[h] = hsum8_x8(c);
+    }
+}
+
 /* scores_blocked (ggml order, f16 cache) for nh queries: w[h] gets query h's scores, max[h] its max;
  * the visible range [jlo, jhi] depends on positions only, so it is the same for every query */
 /* scores_group's steps, shared with wide_scores: the scores of the visible 8 cells at j (vis != 0) for
  * nh queries into w[h] + j, their running maxima vmax; one cell j's scores (the t % 8 tail), max */
 LLE_INLINE void scores8_group(const lle_attn_args *a, const uint8_t *k8, size_t kst, const float *const *qv, int nh,
-                              int vis, float *const *w, int64_t j, __m256 *vmax) {
+                              int tb, int f16, int vis, float *const *w, int64_t j, __m256 *vmax) {
     const __m256 ninf = _mm256_set1_ps(-INFINITY), vscale = _mm256_set1_ps(a->scale);
     const float inv_cap = a->softcap > 0 ? 1.0f / a->softcap : 0.0f;
     __m256 s[LLE_ATTN_GROUP];
-    kq8_ggml_group(k8, kst, qv, nh, a->d, s);
+    if (tb) kq8_tb_group(k8, kst, qv, nh, a->d, f16, s);
+    else kq8_ggml_group(k8, kst, qv, nh, a->d, s);
     for (int h = 0; h < nh; h++) {
         const __m256 sh = finish_scores8(s[h], vis, a, inv_cap, vscale, ninf);
         _mm256_storeu_ps(w[h] + j, sh);
@@ -658,11 +685,22 @@ LLE_INLINE void scores8_group(const lle_attn_args *a, const uint8_t *k8, size_t 
     }
 }
 
-LLE_INLINE void score1_group(const lle_attn_args *a, const lle_half *kh, const float *const *qv, int nh,
-                             float *const *w, int64_t j, float *max) {
+LLE_INLINE void score1_group(const lle_attn_args *a, const uint8_t *kr, const float *const *qv, int nh, int tb,
+                             int f16, float *const *w, int64_t j, float *max) {
     const float inv_cap = a->softcap > 0 ? 1.0f / a->softcap : 0.0f;
+    const int64_t d = a->d;
     for (int h = 0; h < nh; h++) {
-        float sc = kq_ggml_f16(kh, qv[h], a->d);
+        float sc;
+        if (f16 && tb) {
+            const lle_half *kh = (const lle_half *)kr;
+            __m256 c = _mm256_setzero_ps();
+            for (int64_t l = 0; l < d; l += 8) c = _mm256_fmadd_ps(LDH(kh + l), _mm256_loadu_ps(qv[h] + l), c);
+            sc = hsum8(c);
+        } else if (f16) {
+            sc = kq_ggml_f16((const lle_half *)kr, qv[h], d);
+        } else {
+            sc = tb ? dot_f32_tb((int)d, (const float *)kr, qv[h]) : dot_f32_ggml((int)d, (const float *)kr, qv[h]);
+        }
         if (a->softcap > 0) sc = tanhf(sc * inv_cap) * a->softcap;
         w[h][j] = sc * a->scale;
         if (w[h][j] > max[h]) max[h] = w[h][j];
@@ -675,17 +713,18 @@ LLE_INLINE int visible1(const lle_attn_args *a, int64_t j, int qp) {
     return !(kp < 0 || kp > qp || (a->window > 0 && qp - kp >= a->window));
 }
 
-LLE_INLINE void scores_group(const lle_attn_args *a, int64_t g, int qp, const float *const *qv, int nh,
-                             float *const *w, float *max, int64_t *jlo_out, int64_t *jhi_out) {
+LLE_INLINE void scores_group(const lle_attn_args *a, int64_t g, int qp, const float *const *qv, int nh, int tb,
+                             int f16, float *const *w, float *max, int64_t *jlo_out, int64_t *jhi_out) {
     const int64_t t = a->t;
-    const size_t kst = (size_t)a->ks_t * 2;
-    const uint8_t *kb = a->k + (size_t)(g * a->ks_h) * 2;
+    const size_t esz = f16 ? 2 : 4;
+    const size_t kst = (size_t)a->ks_t * esz;
+    const uint8_t *kb = a->k + (size_t)(g * a->ks_h) * esz;
     const __m256i vqp = _mm256_set1_epi32(qp), vwin = _mm256_set1_epi32(a->window);
     const __m256 ninf = _mm256_set1_ps(-INFINITY);
     __m256 vmax[LLE_ATTN_GROUP];
     for (int h = 0; h < nh; h++) vmax[h] = ninf;
     int64_t jlo = t, jhi = -1, j = 0;
-    prefetch_kv_start(a, g, 2);
+    prefetch_kv_start(a, g, esz);
     for (; j + 8 <= t; j += 8) {
         const int vis = visible8(a->k_pos + j, vqp, a->window, vwin);
         if (!vis) {
@@ -694,8 +733,8 @@ LLE_INLINE void scores_group(const lle_attn_args *a, int64_t g, int qp, const fl
         }
         if (jlo == t) jlo = j + __builtin_ctz((unsigned)vis);
         jhi = j + 31 - __builtin_clz((unsigned)vis);
-        prefetch_kv8(a, g, j, 2);
-        scores8_group(a, kb + j * kst, kst, qv, nh, vis, w, j, vmax);
+        prefetch_kv8(a, g, j, esz);
+        scores8_group(a, kb + j * kst, kst, qv, nh, tb, f16, vis, w, j, vmax);
     }
     for (int h = 0; h < nh; h++) max[h] = max8(vmax[h]);
     for (; j < t; j++) {  /* the last t % 8 cells one by one, as scores_blocked */
@@ -705,7 +744,7 @@ LLE_INLINE void scores_group(const lle_attn_args *a, int64_t g, int qp, const fl
         }
         if (j < jlo) jlo = j;
         jhi = j;
-        score1_group(a, (const lle_half *)(kb + j * kst), qv, nh, w, j, max);
+        score1_group(a, kb + j * kst, qv, nh, tb, f16, w, j, max);
     }
     *jlo_out = jlo;
     *jhi_out = jhi;
@@ -715,13 +754,14 @@ LLE_INLINE void scores_group(const lle_attn_args *a, int64_t g, int qp, const fl
  * block for every head whose probability of the cell is not 0; per (head, lane, value) the cells
  * are added in the same order, so the partial sums acc[h] are v_sum_rows' */
 LLE_INLINE void v_sum_group(const lle_attn_args *a, int64_t g, const float *const *w, int nh, int64_t jb,
-                            int64_t jend, int L, float *const *acc) {
+                            int64_t jend, int L, int f16, float *const *acc) {
     const int64_t d = a->d;
-    const size_t vst = (size_t)a->vs_t * 2;
+    const size_t esz = f16 ? 2 : 4;
+    const size_t vst = (size_t)a->vs_t * esz;
     enum { E = 64 };  /* values per pass: 4 registers of 16 per head */
     for (int64_t e0 = 0; e0 < d; e0 += E) {
         const int S = d - e0 >= E ? E / 8 : (int)((d - e0) / 8);  /* 8-value slices in this pass */
-        const uint8_t *vb = a->v + (size_t)(g * a->vs_h + e0) * 2;
+        const uint8_t *vb = a->v + (size_t)(g * a->vs_h + e0) * esz;
         for (int l = 0; l < L; l++) {
             if (S == 8) {
                 __m512 z[LLE_ATTN_GROUP][4];
@@ -731,7 +771,8 @@ LLE_INLINE void v_sum_group(const lle_attn_args *a, int64_t g, const float *cons
                     for (int h = 0; h < nh; h++) any |= w[h][j] != 0.0f;
                     if (!any) continue;
                     const uint8_t *vr = vb + (size_t)j * vst;
-                    const __m512 v0 = ld_kv16(vr, 1), v1 = ld_kv16(vr + 32, 1), v2 = ld_kv16(vr + 64, 1), v3 = ld_kv16(vr + 96, 1);
+                    const __m512 v0 = ld_kv16(vr, f16), v1 = ld_kv16(vr + 16 * esz, f16), v2 = ld_kv16(vr + 32 * esz, f16),
+                                 v3 = ld_kv16(vr + 48 * esz, f16);
                     for (int h = 0; h < nh; h++) {
                         if (w[h][j] == 0.0f) continue;
                         const __m512 p = _mm512_set1_ps(w[h][j]);
@@ -754,8 +795,8 @@ LLE_INLINE void v_sum_group(const lle_attn_args *a, int64_t g, const float *cons
                     int any = 0;
                     for (int h = 0; h < nh; h++) any |= w[h][j] != 0.0f;
                     if (!any) continue;
-                    const lle_half *vr = (const lle_half *)(vb + (size_t)j * vst) + 8 * s0;
-                    const __m256 v0 = LDH(vr), v1 = two ? LDH(vr + 8) : _mm256_setzero_ps();
+                    const uint8_t *vr = vb + (size_t)j * vst + (size_t)(8 * s0) * esz;
+                    const __m256 v0 = ld_kv(vr, f16), v1 = two ? ld_kv(vr + 8 * esz, f16) : _mm256_setzero_ps();
                     for (int h = 0; h < nh; h++) {
                         if (w[h][j] == 0.0f) continue;
                         const __m256 p = _mm256_broadcast_ss(w[h] + j);
@@ -792,9 +833,12 @@ LLE_INLINE void attn_group_n(const lle_attn_args *a, int64_t i, int64_t h0, cons
         for (int64_t e = 0; e < d; e += 8) _mm256_storeu_ps(acc[hh] + e, LDH(q16 + e));
         qc[hh] = acc[hh];
     }
+    /* attn_row's orders: ggml's for one query row (32 V lanes), tinyBLAS's for several (8); K and V
+     * read as f16, or from the f32 copies of a prompt's cache (kv_wide) */
+    const int tb = a->n >= 2, ld16 = !a->kv_wide;
     int64_t jlo, jhi;
-    scores_group(a, g, qp, qc, nh, w, max, &jlo, &jhi);
-    const int L = 32;  /* one query row: ggml's 32 lanes (attn_row's tb_kqv is 0) */
+    scores_group(a, g, qp, qc, nh, tb, ld16, w, max, &jlo, &jhi);
+    const int L = tb ? 8 : 32;
     const int64_t c0 = jlo & ~(int64_t)7, c1 = (jhi + 8) & ~(int64_t)7, jb = jlo & ~(int64_t)(L - 1);
     float *wv[LLE_ATTN_GROUP], *av[LLE_ATTN_GROUP];
     int64_t hv[LLE_ATTN_GROUP];
@@ -818,14 +862,14 @@ LLE_INLINE void attn_group_n(const lle_attn_args *a, int64_t i, int64_t h0, cons
         hv[nv++] = hh;
     }
     if (!nv) return;
-    v_sum_group(a, g, (const float *const *)wv, nv, jb, jhi + 1, L, av);
+    v_sum_group(a, g, (const float *const *)wv, nv, jb, jhi + 1, L, ld16, av);
     for (int k = 0; k < nv; k++) v_sum_finish(av[k], d, d, L, a->out + (i * a->n_head + h0 + hv[k]) * d);
 }
 
 /* nh a compile-time constant in each instance, so the heads' accumulators stay in registers */
 static void attn_group(const lle_attn_args *a, int64_t i, int64_t h0, int nh, float *scratch, int64_t per) {
     const int64_t d = a->d;
-    if (nh < 2 || nh > LLE_ATTN_GROUP || a->n != 1 || !a->kv_f16 || a->kv_wide || d % 32 != 0) {
+    if (nh < 2 || nh > LLE_ATTN_GROUP || !a->kv_f16 || (a->n == 1 ? a->kv_wide || d % 32 != 0 : d % 8 != 0)) {
         for (int hh = 0; hh < nh; hh++) attn_row(a, i, h0 + hh, scratch);
         return;
     }
@@ -867,8 +911,8 @@ LLE_INLINE void wide_scores_n(lle_attn_wide *p, int64_t b, const int hpg) {
         if (jlo == t) jlo = j + __builtin_ctz((unsigned)vis);
         jhi = j + 31 - __builtin_clz((unsigned)vis);
         for (int64_t g = 0; g < nkv; g++)
-            scores8_group(a, a->k + (size_t)(g * a->ks_h) * 2 + j * kst, kst, qv + g * hpg, hpg, vis, w + g * hpg, j,
-                          vmax + g * hpg);
+            scores8_group(a, a->k + (size_t)(g * a->ks_h) * 2 + j * kst, kst, qv + g * hpg, hpg, 0, 1, vis, w + g * hpg,
+                          j, vmax + g * hpg);
     }
     float *bmax = p->bmax + b * nh;
     for (int64_t h = 0; h < nh; h++) bmax[h] = max8(vmax[h]);
@@ -880,8 +924,8 @@ LLE_INLINE void wide_scores_n(lle_attn_wide *p, int64_t b, const int hpg) {
         if (j < jlo) jlo = j;
         jhi = j;
         for (int64_t g = 0; g < nkv; g++)
-            score1_group(a, (const lle_half *)(a->k + (size_t)(g * a->ks_h) * 2 + j * kst), qv + g * hpg, hpg,
-                         w + g * hpg, j, bmax + g * hpg);
+            score1_group(a, a->k + (size_t)(g * a->ks_h) * 2 + j * kst, qv + g * hpg, hpg, 0, 1, w + g * hpg, j,
+                         bmax + g * hpg);
     }
     p->bjlo[b] = jlo;
     p->bjhi[b] = jhi;

@@ -385,16 +385,19 @@ static void test_attention_bitexact(int isa, int ref_isa) {
  * head sizes 32, 64 and 256, 2 to 4 heads per KV head, cell counts that are and are not multiples of
  * 8, an empty cell, a sliding window and a soft-cap; the first head of each group is made so peaked
  * that most of its probabilities round to 0 in f16 while its neighbours' do not (V cells skipped
- * for one head and not the others) */
+ * for one head and not the others). One query row (decode: ggml's orders over the f16 cache) and
+ * three (a prompt: tinyBLAS's orders, over the f16 cache and over its f32 copies, kv_wide, with the
+ * copies head-major as lle_attention makes them; each row at its own position) */
 static void test_attention_groups(int isa) {
     lle_set_isa(isa);
     const lle_op_kernels *ops = lle_ops;
     if (!ops->attn_group) return;
-    enum { KV = 2, TMAX = 200, DMAX = 256 };
+    enum { KV = 2, TMAX = 200, DMAX = 256, NMAX = 3 };
     static const int ds[] = {32, 64, 256}, ts[] = {37, 200}, hpgs[] = {2, 3, 4};
     lle_half *kh = malloc(sizeof(lle_half) * TMAX * KV * DMAX), *vh = malloc(sizeof(lle_half) * TMAX * KV * DMAX);
-    float *q = malloc(sizeof(float) * 4 * KV * DMAX), *og = malloc(sizeof(float) * 4 * KV * DMAX);
-    float *orow = malloc(sizeof(float) * 4 * KV * DMAX);
+    float *kf = malloc(sizeof(float) * TMAX * KV * DMAX), *vf = malloc(sizeof(float) * TMAX * KV * DMAX);
+    float *q = malloc(sizeof(float) * NMAX * 4 * KV * DMAX), *og = malloc(sizeof(float) * NMAX * 4 * KV * DMAX);
+    float *orow = malloc(sizeof(float) * NMAX * 4 * KV * DMAX);
     int kpos[TMAX];
     for (int i = 0; i < TMAX * KV * DMAX; i++) { kh[i] = lle_fp32_to_fp16(rndf()); vh[i] = lle_fp32_to_fp16(rndf()); }
     for (int j = 0; j < TMAX; j++) kpos[j] = j;
@@ -402,25 +405,47 @@ static void test_attention_groups(int isa) {
     for (int di = 0; di < 3; di++)
         for (int ti = 0; ti < 2; ti++)
             for (int hi = 0; hi < 3; hi++)
-                for (int variant = 0; variant < 3; variant++) {
-                    const int d = ds[di], t = ts[ti], hpg = hpgs[hi], n_head = hpg * KV, qp = t - 1;
-                    for (int h = 0; h < n_head; h++)
-                        for (int e = 0; e < d; e++) q[h * d + e] = rndf() * (h % hpg == 0 ? 40.0f : 1.0f);
-                    const lle_attn_args a = {q, 1, n_head, d, (const uint8_t *)kh, (const uint8_t *)vh, 1, t, KV,
-                                             KV * d, d, KV * d, d, &qp, kpos, 0.125f, variant == 1 ? 29 : 0,
-                                             variant == 2 ? 20.0f : 0.0f, og, 0};
-                    lle_attn_args b = a;
-                    b.out = orow;
-                    const int64_t per = (lle_attn_scratch_floats(t, d) + 15) & ~(int64_t)15;
-                    float *scratch = malloc(sizeof(float) * (size_t)(per * hpg));
-                    for (int g = 0; g < KV; g++) ops->attn_group(&a, 0, g * hpg, hpg, scratch, per);
-                    for (int h = 0; h < n_head; h++) ops->attn_row(&b, 0, h, scratch);
-                    for (int i = 0; i < n_head * d; i++)
-                        CHECK(memcmp(og + i, orow + i, sizeof(float)) == 0, "attn_group d=%d t=%d heads/kv=%d variant %d [%d]: %.9g vs %.9g",
-                              d, t, hpg, variant, i, og[i], orow[i]);
-                    free(scratch);
-                }
-    free(kh); free(vh); free(q); free(og); free(orow);
+                for (int variant = 0; variant < 3; variant++)
+                    for (int shape = 0; shape < 3; shape++) {  /* 1 row; 3 rows over f16; 3 rows over f32 copies */
+                        const int d = ds[di], t = ts[ti], hpg = hpgs[hi], n_head = hpg * KV, n = shape ? NMAX : 1;
+                        const int wide = shape == 2;
+                        int qp[NMAX];
+                        for (int i = 0; i < n; i++) qp[i] = t - n + i;
+                        for (int i = 0; i < n; i++)
+                            for (int h = 0; h < n_head; h++)
+                                for (int e = 0; e < d; e++) q[(i * n_head + h) * d + e] = rndf() * (h % hpg == 0 ? 40.0f : 1.0f);
+                        if (wide)  /* head-major f32 copies, as lle_attention_impl's */
+                            for (int g = 0; g < KV; g++)
+                                for (int j = 0; j < t; j++)
+                                    for (int e = 0; e < d; e++) {
+                                        kf[((size_t)g * t + j) * d + e] = lle_fp16_to_fp32(kh[((size_t)j * KV + g) * d + e]);
+                                        vf[((size_t)g * t + j) * d + e] = lle_fp16_to_fp32(vh[((size_t)j * KV + g) * d + e]);
+                                    }
+                        lle_attn_args a = {q, n, n_head, d, (const uint8_t *)kh, (const uint8_t *)vh, 1, t, KV,
+                                           KV * d, d, KV * d, d, qp, kpos, 0.125f, variant == 1 ? 29 : 0,
+                                           variant == 2 ? 20.0f : 0.0f, og, 0};
+                        if (wide) {
+                            a.k = (const uint8_t *)kf;
+                            a.v = (const uint8_t *)vf;
+                            a.ks_t = a.vs_t = d;
+                            a.ks_h = a.vs_h = (int64_t)t * d;
+                            a.kv_wide = 1;
+                        }
+                        lle_attn_args b = a;
+                        b.out = orow;
+                        const int64_t per = (lle_attn_scratch_floats(t, d) + 15) & ~(int64_t)15;
+                        float *scratch = malloc(sizeof(float) * (size_t)(per * hpg));
+                        for (int i = 0; i < n; i++)
+                            for (int g = 0; g < KV; g++) ops->attn_group(&a, i, g * hpg, hpg, scratch, per);
+                        for (int i = 0; i < n; i++)
+                            for (int h = 0; h < n_head; h++) ops->attn_row(&b, i, h, scratch);
+                        for (int i = 0; i < n * n_head * d; i++)
+                            CHECK(memcmp(og + i, orow + i, sizeof(float)) == 0,
+                                  "attn_group d=%d t=%d heads/kv=%d variant %d rows %d wide %d [%d]: %.9g vs %.9g",
+                                  d, t, hpg, variant, n, wide, i, og[i], orow[i]);
+                        free(scratch);
+                    }
+    free(kh); free(vh); free(kf); free(vf); free(q); free(og); free(orow);
 }
 
 /* the wide decode attention (lle_attn_wide: scores and exponentials by cell blocks, V sums by KV head
