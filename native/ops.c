@@ -405,6 +405,19 @@ int lle_softmax(const float *x, long long n, long long d, float scale, float *ou
 
 /* ---------------------------------------------------------------- attention */
 
+/* Heads per task: the largest divisor of the heads per KV head (at most LLE_ATTN_GROUP) that still
+ * leaves every thread a task, so that grouping never idles a core; 1 without attn_group. E.g. 9
+ * heads over 3 KV heads, 2 threads: 3 (three tasks); Gemma 3's 4 heads over 1: 2 (two tasks). */
+static int attn_heads_per_task(const lle_attn_args *a, int count, int nth) {
+    if (!lle_ops->attn_group) return 1;
+    const int64_t hpg = a[0].n_head / a[0].n_kv;
+    for (int i = 1; i < count; i++)
+        if (a[i].n_head / a[i].n_kv != hpg) return 1;
+    for (int nh = LLE_ATTN_GROUP; nh >= 2; nh--)
+        if (hpg % nh == 0 && count * (a[0].n_head / nh) >= nth) return nh;
+    return 1;
+}
+
 typedef struct {
     lle_attn_args a;
     float *scratch; int64_t scratch_per_thread, per_head;
@@ -447,19 +460,19 @@ int lle_attention_impl(const float *q, long long n, long long n_head, long long 
     }
     const int nth = lle_pool_threads();
     const int64_t per = (lle_attn_scratch_floats(t, d) + 15) & ~(int64_t)15;
-    /* several rows: every task has rows to spare, so heads group by the largest divisor of the heads
-     * per KV head that attn_group takes (it reads each K/V row once for them) */
-    int nh = 1;
-    if (lle_ops->attn_group && kv_f16 && d % 8 == 0)
-        for (int m = LLE_ATTN_GROUP; m >= 2 && nh == 1; m--)
-            if ((n_head / n_kv) % m == 0) nh = m;
+    attn_ctx c = {{q, n, n_head, d, k, v, kv_f16, t, n_kv, k_stride_t, k_stride_h, v_stride_t, v_stride_h,
+                   q_pos, k_pos, scale, window, softcap, out, 0},
+                  NULL, 0, per, 1, n, 1, {.n = 0}};
+    /* several rows leave every task rows to spare: the query heads of a KV head go together (attn_group
+     * reads each K/V row once for them) whenever it takes this cache */
+    const int nh = kv_f16 && d % 8 == 0 ? attn_heads_per_task(&c.a, 1, 1) : 1;
     float *scratch = lle_scratch_ops((size_t)(per * nh * nth) * sizeof(float));
     if (!scratch) {
         return -2;
     }
-    attn_ctx c = {{q, n, n_head, d, k, v, kv_f16, t, n_kv, k_stride_t, k_stride_h, v_stride_t, v_stride_h,
-                   q_pos, k_pos, scale, window, softcap, out, 0},
-                  scratch, per * nh, per, 1, n, nh, {.n = 0}};
+    c.scratch = scratch;
+    c.scratch_per_thread = per * nh;
+    c.nh = nh;
     /* prefill over an f16 cache: every K/V row is read by n * n_head / n_kv queries, so convert the
      * rows once into f32 copies (exact) instead of at every read; same values, same order */
     if (kv_f16 && n >= 4 && d % 8 == 0 && t > 0) {
@@ -509,19 +522,6 @@ static void attn_rows_task(void *vctx, int ith, int nth) {
         if (c->nh == 1) lle_ops->attn_row(a, 0, h0, scratch);
         else lle_ops->attn_group(a, 0, h0, c->nh, scratch, c->per_head);
     }
-}
-
-/* Heads per task: the largest divisor of the heads per KV head (at most LLE_ATTN_GROUP) that still
- * leaves every thread a task, so that grouping never idles a core; 1 without attn_group. E.g. 9
- * heads over 3 KV heads, 2 threads: 3 (three tasks); Gemma 3's 4 heads over 1: 2 (two tasks). */
-static int attn_heads_per_task(const lle_attn_args *a, int count, int nth) {
-    if (!lle_ops->attn_group) return 1;
-    const int64_t hpg = a[0].n_head / a[0].n_kv;
-    for (int i = 1; i < count; i++)
-        if (a[i].n_head / a[i].n_kv != hpg) return 1;
-    for (int nh = LLE_ATTN_GROUP; nh >= 2; nh--)
-        if (hpg % nh == 0 && count * (a[0].n_head / nh) >= nth) return nh;
-    return 1;
 }
 
 /* ---- decode attention over long caches (lle_attn_wide, common.h) ---- */

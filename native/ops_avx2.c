@@ -205,33 +205,52 @@ LLE_INLINE __m256 lo256(__m512 v) { return _mm512_castps512_ps256(v); }
 LLE_INLINE __m256 hi256(__m512 v) { return _mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(v), 1)); }
 #endif
 
+#if defined(LLE_OPS_512)
+/* scores of cells j..j+7 for nh queries in tinyBLAS's order (d % 8 == 0) into s[h]: cells 2p and 2p + 1
+ * in the halves of one register, each K pair loaded once for the nh queries (attn_group; kq8_tb is nh = 1) */
+LLE_INLINE void kq8_tb_group(const uint8_t *k0, size_t kst, const float *const *qv, int nh, int64_t d, int f16,
+                             __m256 *s) {
+    const size_t esz = f16 ? 2 : 4;
+    __m512 c2[LLE_ATTN_GROUP][4];
+    for (int h = 0; h < nh; h++) c2[h][0] = c2[h][1] = c2[h][2] = c2[h][3] = _mm512_setzero_ps();
+    for (int64_t l = 0; l < d; l += 8) {
+        const uint8_t *kl = k0 + (size_t)l * esz;
+        __m512 kp[4];
+        for (int p = 0; p < 4; p++) kp[p] = ld_kv_pair(kl + 2 * p * kst, kl + (2 * p + 1) * kst, f16);
+        for (int h = 0; h < nh; h++) {
+            const __m256 q8 = _mm256_loadu_ps(qv[h] + l);
+            const __m512 qq = _mm512_insertf32x8(_mm512_castps256_ps512(q8), q8, 1);
+            for (int p = 0; p < 4; p++) c2[h][p] = _mm512_fmadd_ps(kp[p], qq, c2[h][p]);
+        }
+    }
+    for (int h = 0; h < nh; h++) {
+        __m256 c[8];
+        for (int p = 0; p < 4; p++) {
+            c[2 * p] = lo256(c2[h][p]);
+            c[2 * p + 1] = hi256(c2[h][p]);
+        }
+        s[h] = hsum8_x8(c);
+    }
+}
+#endif
+
 /* scores of cells j..j+7 against the float query qv: tinyBLAS order (d % 8 == 0) */
 LLE_INLINE __m256 kq8_tb(const uint8_t *k0, size_t kst, const float *qv, int64_t d, int f16) {
+#if defined(LLE_OPS_512)
+    __m256 s;
+    kq8_tb_group(k0, kst, &qv, 1, d, f16, &s);
+    return s;
+#else
     __m256 c[8];
     const size_t esz = f16 ? 2 : 4;
-#if defined(LLE_OPS_512)
-    /* cells 2p and 2p + 1 in the halves of one register */
-    __m512 c2[4];
-    for (int p = 0; p < 4; p++) c2[p] = _mm512_setzero_ps();
-    for (int64_t l = 0; l < d; l += 8) {
-        const __m256 q8 = _mm256_loadu_ps(qv + l);
-        const __m512 qq = _mm512_insertf32x8(_mm512_castps256_ps512(q8), q8, 1);
-        const uint8_t *kl = k0 + (size_t)l * esz;
-        for (int p = 0; p < 4; p++) c2[p] = _mm512_fmadd_ps(ld_kv_pair(kl + 2 * p * kst, kl + (2 * p + 1) * kst, f16), qq, c2[p]);
-    }
-    for (int p = 0; p < 4; p++) {
-        c[2 * p] = lo256(c2[p]);
-        c[2 * p + 1] = hi256(c2[p]);
-    }
-#else
     for (int m = 0; m < 8; m++) c[m] = _mm256_setzero_ps();
     for (int64_t l = 0; l < d; l += 8) {
         const __m256 qq = _mm256_loadu_ps(qv + l);
         const uint8_t *kl = k0 + (size_t)l * esz;
         for (int m = 0; m < 8; m++) c[m] = _mm256_fmadd_ps(ld_kv(kl + m * kst, f16), qq, c[m]);
     }
-#endif
     return hsum8_x8(c);
+#endif
 }
 
 /* the same in ggml's vec_dot order (d % 32 == 0): 4 accumulators per cell */
@@ -341,6 +360,17 @@ LLE_INLINE void prefetch_kv8(const lle_attn_args *a, int64_t g, int64_t j, size_
     prefetch_rows(a->v, a->vs_t, a->vs_h, a, g, j, 8, esz);
 }
 
+/* one cell's raw score (the t % 8 tail of the blocked scores): K row kr (f16 or f32) against the
+ * float query qv, in tinyBLAS's order (tb) or ggml's */
+LLE_INLINE float score1(const uint8_t *kr, const float *qv, int64_t d, int tb, int f16) {
+    if (!f16) return tb ? dot_f32_tb((int)d, (const float *)kr, qv) : dot_f32_ggml((int)d, (const float *)kr, qv);
+    const lle_half *kh = (const lle_half *)kr;
+    if (!tb) return kq_ggml_f16(kh, qv, d);
+    __m256 c = _mm256_setzero_ps();
+    for (int64_t l = 0; l < d; l += 8) c = _mm256_fmadd_ps(LDH(kh + l), _mm256_loadu_ps(qv + l), c);
+    return hsum8(c);
+}
+
 /* scores of all t cells into w (-inf when masked); returns the max, sets [jlo, jhi] */
 LLE_INLINE float scores_blocked(const lle_attn_args *a, int64_t g, int qp, const float *qv, int tb, int f16,
                                 float *w, int64_t *jlo_out, int64_t *jhi_out) {
@@ -377,20 +407,7 @@ LLE_INLINE float scores_blocked(const lle_attn_args *a, int64_t g, int qp, const
         }
         if (j < jlo) jlo = j;
         jhi = j;
-        const uint8_t *kr = kb + j * kst;
-        float s;
-        if (f16) {
-            const lle_half *kh = (const lle_half *)kr;
-            if (tb) {
-                __m256 c = _mm256_setzero_ps();
-                for (int64_t l = 0; l < d; l += 8) c = _mm256_fmadd_ps(LDH(kh + l), _mm256_loadu_ps(qv + l), c);
-                s = hsum8(c);
-            } else {
-                s = kq_ggml_f16(kh, qv, d);
-            }
-        } else {
-            s = tb ? dot_f32_tb((int)d, (const float *)kr, qv) : dot_f32_ggml((int)d, (const float *)kr, qv);
-        }
+        float s = score1(kb + j * kst, qv, d, tb, f16);
         if (a->softcap > 0) s = tanhf(s * inv_cap) * a->softcap;
         w[j] = s * a->scale;
         if (w[j] > max) max = w[j];
@@ -644,32 +661,6 @@ LLE_INLINE void kq8_ggml_group(const uint8_t *k0, size_t kst, const float *const
     for (int h = 0; h < nh; h++) s[h] = reduce_ggml4_x8(x[h]);
 }
 
-/* scores of cells j..j+7 for nh queries (tinyBLAS's order per query, as kq8_tb) into s[h] */
-LLE_INLINE void kq8_tb_group(const uint8_t *k0, size_t kst, const float *const *qv, int nh, int64_t d, int f16,
-                             __m256 *s) {
-    const size_t esz = f16 ? 2 : 4;
-    __m512 c2[LLE_ATTN_GROUP][4];
-    for (int h = 0; h < nh; h++) c2[h][0] = c2[h][1] = c2[h][2] = c2[h][3] = _mm512_setzero_ps();
-    for (int64_t l = 0; l < d; l += 8) {
-        const uint8_t *kl = k0 + (size_t)l * esz;
-        __m512 kp[4];
-        for (int p = 0; p < 4; p++) kp[p] = ld_kv_pair(kl + 2 * p * kst, kl + (2 * p + 1) * kst, f16);
-        for (int h = 0; h < nh; h++) {
-            const __m256 q8 = _mm256_loadu_ps(qv[h] + l);
-            const __m512 qq = _mm512_insertf32x8(_mm512_castps256_ps512(q8), q8, 1);
-            for (int p = 0; p < 4; p++) c2[h][p] = _mm512_fmadd_ps(kp[p], qq, c2[h][p]);
-        }
-    }
-    for (int h = 0; h < nh; h++) {
-        __m256 c[8];
-        for (int p = 0; p < 4; p++) {
-            c[2 * p] = lo256(c2[h][p]);
-            c[2 * p + 1] = hi256(c2[h][p]);
-        }
-        s[h] = hsum8_x8(c);
-    }
-}
-
 /* scores_blocked (ggml order, f16 cache) for nh queries: w[h] gets query h's scores, max[h] its max;
  * the visible range [jlo, jhi] depends on positions only, so it is the same for every query */
 /* scores_group's steps, shared with wide_scores: the scores of the visible 8 cells at j (vis != 0) for
@@ -691,19 +682,8 @@ LLE_INLINE void scores8_group(const lle_attn_args *a, const uint8_t *k8, size_t 
 LLE_INLINE void score1_group(const lle_attn_args *a, const uint8_t *kr, const float *const *qv, int nh, int tb,
                              int f16, float *const *w, int64_t j, float *max) {
     const float inv_cap = a->softcap > 0 ? 1.0f / a->softcap : 0.0f;
-    const int64_t d = a->d;
     for (int h = 0; h < nh; h++) {
-        float sc;
-        if (f16 && tb) {
-            const lle_half *kh = (const lle_half *)kr;
-            __m256 c = _mm256_setzero_ps();
-            for (int64_t l = 0; l < d; l += 8) c = _mm256_fmadd_ps(LDH(kh + l), _mm256_loadu_ps(qv[h] + l), c);
-            sc = hsum8(c);
-        } else if (f16) {
-            sc = kq_ggml_f16((const lle_half *)kr, qv[h], d);
-        } else {
-            sc = tb ? dot_f32_tb((int)d, (const float *)kr, qv[h]) : dot_f32_ggml((int)d, (const float *)kr, qv[h]);
-        }
+        float sc = score1(kr, qv[h], a->d, tb, f16);
         if (a->softcap > 0) sc = tanhf(sc * inv_cap) * a->softcap;
         w[h][j] = sc * a->scale;
         if (w[h][j] > max[h]) max[h] = w[h][j];
