@@ -178,6 +178,22 @@ def test_openai_sampling_values(url: str) -> None:
     assert gen(url, "/v1/chat/completions", messages=msgs, max_tokens=2, temperature=1.5).status_code == 200
 
 
+def test_openai_seed_negative_is_random_and_not_an_integer_is_400(url: str) -> None:
+    """A negative seed was handed to the sampler as is (a 500); it means random, as in Ollama's options."""
+    from llmedge.server.openai import parse_sampling
+
+    assert parse_sampling({"seed": -1})["sampling"] == {"seed": None}
+    assert parse_sampling({"seed": 7})["sampling"] == {"seed": 7}
+    for path, fields in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+                         ("/v1/completions", {"prompt": "hi"})):
+        for seed in (-1, -(2**63 - 1)):
+            r = gen(url, path, seed=seed, max_tokens=2, **fields)
+            assert r.status_code == 200, (path, seed, r.text)
+        assert_400(gen(url, path, seed=2.5, max_tokens=2, **fields), "option seed must be an integer")
+        assert_400(gen(url, path, seed="7", max_tokens=2, **fields), "option seed must be a number, not str")
+        assert_400(gen(url, path, seed=True, max_tokens=2, **fields), "option seed must be a number, not bool")
+
+
 def test_infinite_and_nan_values_are_400_not_500(url: str) -> None:
     """Found by the requests fuzzer: num_ctx=Infinity reached int() in check_ctx (OverflowError, a 500).
     JSON has no NaN or Infinity; the body parser now refuses them, and check_ctx refuses them too."""

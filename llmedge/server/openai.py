@@ -99,6 +99,8 @@ def parse_sampling(body: dict[str, Any]) -> dict[str, Any]:
         if body.get(key) is not None:
             sampling[key] = number(body[key], key, kind)
             limits.check_range(key, sampling[key])
+    if "seed" in sampling and sampling["seed"] < 0:  # random, as a negative seed in Ollama's options
+        sampling["seed"] = None
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None:
         max_tokens = int(number(max_tokens, "max_tokens", int))
