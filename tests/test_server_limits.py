@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -192,6 +193,36 @@ def test_openai_seed_negative_is_random_and_not_an_integer_is_400(url: str) -> N
         assert_400(gen(url, path, seed=2.5, max_tokens=2, **fields), "option seed must be an integer")
         assert_400(gen(url, path, seed="7", max_tokens=2, **fields), "option seed must be a number, not str")
         assert_400(gen(url, path, seed=True, max_tokens=2, **fields), "option seed must be a number, not bool")
+
+
+def loaded_models(url: str) -> list[dict[str, Any]]:
+    return httpx.get(url + "/api/ps", timeout=10).json()["models"]
+
+
+def unload(url: str) -> None:
+    assert gen(url, prompt="", keep_alive=0).json()["done_reason"] == "unload"
+    assert loaded_models(url) == []
+
+
+def test_a_request_that_fails_or_is_cancelled_after_loading_still_applies_keep_alive(url: str) -> None:
+    """A request that failed once its model was loaded (here: a token id out of range, found by prepare)
+    or whose client went away left the model loaded forever: keep_alive was applied only on success."""
+    unload(url)
+    assert_400(gen(url, context=[10**6], keep_alive=0), "out of range")
+    assert loaded_models(url) == []
+    assert_400(gen(url, context=[10**6], keep_alive="1m"), "out of range")
+    ps = loaded_models(url)
+    assert len(ps) == 1 and ps[0]["expires_at"] < "2100", ps  # not "forever"
+    unload(url)
+    body = {"model": MODEL, "prompt": "hello", "raw": True, "keep_alive": 0,
+            "options": {"num_predict": 100000, "num_ctx": 64}}  # runs until the client goes away
+    with httpx.Client(timeout=60) as client, client.stream("POST", url + "/api/generate", json=body) as r:
+        assert r.status_code == 200
+        next(r.iter_lines())
+    deadline = time.monotonic() + 5
+    while loaded_models(url) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert loaded_models(url) == []
 
 
 def test_infinite_and_nan_values_are_400_not_500(url: str) -> None:

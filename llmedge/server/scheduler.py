@@ -388,6 +388,7 @@ class Scheduler:
         if cur is not None and self._fits(job, cur) and cur.model.engine.slot_pool(self.parallel).n_busy >= \
                 self.parallel:
             return False
+        loaded: Loaded | None = None
         try:
             loaded = self._ensure(job)
             job.started = True
@@ -408,6 +409,8 @@ class Scheduler:
                 pool.release(slot)
                 raise
         except Exception as e:  # handed to the route, which renders it as a 4xx or 500 error shape
+            if loaded is not None:  # loaded for this request: its keep_alive applies all the same
+                self._set_expiry(loaded, job.keep_alive)
             self._end(job, ("error", e))
             return True
         loaded.active += 1
@@ -420,6 +423,7 @@ class Scheduler:
         assert job.work is not None
         with self.lock:
             self.busy += 1
+        loaded: Loaded | None = None
         try:
             loaded = self._ensure(job) if job.name is not None else None
             job.started = True
@@ -428,10 +432,10 @@ class Scheduler:
                 loaded.last_used = time.time()
                 self._set_expiry(loaded, job.keep_alive)
             self._end(job, ("done", result))
-        except Cancelled as e:
-            self._end(job, ("error", e), cancelled=True)
         except Exception as e:
-            self._end(job, ("error", e))
+            if loaded is not None:  # failed or cancelled after loading: keep_alive applies all the same
+                self._set_expiry(loaded, job.keep_alive)
+            self._end(job, ("error", e), cancelled=isinstance(e, Cancelled))
         finally:
             with self.lock:
                 self.busy -= 1
@@ -484,11 +488,11 @@ class Scheduler:
                 result = a.job.task.result(a.job, a.loaded, a.request, a.gen, a.out_ids)
             except Exception as e:
                 error = e
-            else:
-                self._set_expiry(a.loaded, a.job.keep_alive)
-                self._end(a.job, ("done", result))
-                return
-        self._end(a.job, ("error", error), cancelled=isinstance(error, Cancelled))
+        self._set_expiry(a.loaded, a.job.keep_alive)  # an error or a cancel too: else loaded forever
+        if error is None:
+            self._end(a.job, ("done", result))
+        else:
+            self._end(a.job, ("error", error), cancelled=isinstance(error, Cancelled))
 
     def _end(self, job: Job, pair: tuple[str, Any], cancelled: bool = False) -> None:
         if cancelled:
