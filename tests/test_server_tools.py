@@ -170,6 +170,18 @@ def test_tools_on_a_template_without_tools_are_refused_with_ollamas_message(url:
     assert r.choices[0].message.tool_calls is None  # tool_choice none: plain text
 
 
+def test_tool_choice_none_offers_no_tools_to_the_model(url: str) -> None:
+    """tool_choice none: the prompt is the one without tools (no tools in the template, no system message
+    describing them), on a template with tools and one without; it used to carry the tools' system text."""
+    for model in (MODEL, TOOLS_MODEL):
+        plain = oai(url).chat.completions.create(model=model, messages=ASK, max_tokens=1)
+        none = oai(url).chat.completions.create(model=model, messages=ASK, tools=[WEATHER], tool_choice="none",
+                                                max_tokens=1)
+        assert none.usage.prompt_tokens == plain.usage.prompt_tokens, model
+    offered = oai(url).chat.completions.create(model=TOOLS_MODEL, messages=ASK, tools=[WEATHER], max_tokens=1)
+    assert offered.usage.prompt_tokens > plain.usage.prompt_tokens  # tools offered do show in the prompt
+
+
 def test_think_splits_reasoning_from_content_and_refuses_models_without_it(url: str) -> None:
     import ollama
     import openai

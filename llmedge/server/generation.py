@@ -118,7 +118,9 @@ class GenerationTask:
     def _messages(self, model: Any) -> list[dict[str, Any]]:
         req = self.req
         messages = with_defaults(model.defaults, req.messages)
-        if req.tools and not self.tools_shown:  # a constrained call on a template without tools
+        # a constrained call on a template without tools: the tools described in a system message (never
+        # with tool_choice none, which offers the model no tools at all)
+        if req.constrained and not self.tools_shown:
             messages = [{"role": "system", "content": tl.tools_system_text(req.tools)}, *messages]
         return messages
 
