@@ -405,9 +405,12 @@ class Store:
         return self.blob_path(digest)
 
     def create(self, name: str, gguf_path: str | os.PathLike[str], config: dict[str, Any] | None = None) -> Path:
-        """Import a local .gguf file as `name` (hard-linked into blobs/ when possible, else copied;
-        a hard link shares the file, so edit neither in place afterwards), with optional defaults
-        (`config`, as a Modelfile sets them). Returns the blob path."""
+        """Import a local .gguf file as `name`, with optional defaults (`config`, as a Modelfile sets
+        them). Returns the blob path.
+
+        The file is copied into blobs/ under a temporary name, hashed as it is copied, and renamed to
+        its digest: the blob is a copy, never a hard link, so the user's later edits of their file
+        cannot change a blob whose name is the hash of its bytes."""
         full = normalize_name(name)
         src = Path(gguf_path).expanduser()
         if not src.is_file():
@@ -422,12 +425,7 @@ class Store:
         self._ensure_dirs()
         tmp = self._temp_blob()
         try:
-            tmp.unlink()
-            try:
-                os.link(src, tmp)
-                digest = digest_of(tmp)
-            except OSError:
-                digest = _copy_hashing(src, tmp)
+            digest = _copy_hashing(src, tmp)
             size = tmp.stat().st_size
             blob = self.blob_path(digest)
             if blob.is_file() and blob.stat().st_size == size:
@@ -551,6 +549,7 @@ def _previous_source(store: Store, entry: CatalogEntry) -> dict[str, Any] | None
 
 
 def _copy_hashing(src: Path, dst: Path) -> str:
+    """Copy `src` to `dst` (fsynced, mode 0644) and return the sha256 of the bytes written, read once."""
     h = hashlib.sha256()
     with open(src, "rb") as fin, open(dst, "wb") as fout:
         while chunk := fin.read(CHUNK):

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from tiny_gguf import write_tiny_llama
 
 from llmedge.errors import StoreError
 from llmedge.sources import CATALOG, CatalogEntry, WheelPart, find_entry
@@ -432,7 +433,7 @@ def test_invalid_names_are_rejected_before_any_path_is_built(tmp_path: Path, bad
     root = tmp_path / "store"
     store = Store(root, catalog={})
     gguf = tmp_path / "ok.gguf"
-    gguf.write_bytes(b"GGUF" + b"\0" * 20)
+    write_gguf(gguf, 0)
     store.create("good", gguf)
     before = files_under(tmp_path)
     with pytest.raises(StoreError, match="invalid model name"):
@@ -486,10 +487,9 @@ def test_path_detection() -> None:
 # -- local store operations -------------------------------------------------------------------------
 
 
-def write_gguf(path: Path, seed: int, n: int = 4096) -> bytes:
-    data = fake_gguf(n, seed)
-    path.write_bytes(data)
-    return data
+def write_gguf(path: Path, seed: int) -> bytes:
+    """A small well-formed GGUF (`create` parses what it imports); different seeds, different bytes."""
+    return write_tiny_llama(path, seed=seed).read_bytes()
 
 
 def test_create_list_copy_remove(tmp_path: Path) -> None:
@@ -524,28 +524,29 @@ def test_create_list_copy_remove(tmp_path: Path) -> None:
         store.copy("nothing", "x")
 
 
-def test_create_hard_links_and_deduplicates(tmp_path: Path) -> None:
+def test_create_copies_and_deduplicates(tmp_path: Path) -> None:
     src = tmp_path / "m.gguf"
-    write_gguf(src, 5)
+    data = write_gguf(src, 5)
     store = Store(tmp_path / "store", catalog={})
     blob = store.create("one", src)
-    assert os.stat(blob).st_ino == os.stat(src).st_ino  # same filesystem: hard link, no copy
+    assert os.stat(blob).st_ino != os.stat(src).st_ino  # a copy, never a hard link to the user's file
+    assert blob.read_bytes() == data
     copy = tmp_path / "copy.gguf"
     copy.write_bytes(src.read_bytes())
     assert store.create("two", copy) == blob
     assert len(list((tmp_path / "store" / "blobs").iterdir())) == 1
 
 
-def test_create_copies_when_linking_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_overwriting_the_imported_file_in_place_leaves_the_blob_alone(tmp_path: Path) -> None:
     src = tmp_path / "m.gguf"
-    data = write_gguf(src, 6)
-
-    def no_link(*args: object) -> None:
-        raise OSError(18, "Invalid cross-device link")
-
-    monkeypatch.setattr(os, "link", no_link)
-    blob = Store(tmp_path / "store", catalog={}).create("m", src)
-    assert blob.read_bytes() == data and os.stat(blob).st_ino != os.stat(src).st_ino
+    data = write_gguf(src, 5)
+    store = Store(tmp_path / "store", catalog={})
+    blob = store.create("m", src)
+    with open(src, "r+b") as f:  # the user edits their file in place (same inode)
+        f.seek(len(data) - 64)
+        f.write(b"\xff" * 64)
+    assert blob.read_bytes() == data
+    assert digest_of(blob) == store.manifest("m")["model"]["digest"]
 
 
 def test_create_rejects_missing_and_non_gguf_files(tmp_path: Path) -> None:
