@@ -408,20 +408,15 @@ class Store:
         """Import a local .gguf file as `name`, with optional defaults (`config`, as a Modelfile sets
         them). Returns the blob path.
 
-        The file is copied into blobs/ under a temporary name, hashed as it is copied, and renamed to
-        its digest: the blob is a copy, never a hard link, so the user's later edits of their file
-        cannot change a blob whose name is the hash of its bytes."""
+        The file is parsed first (a truncated or damaged GGUF is refused in one line), then copied
+        into blobs/ under a temporary name, hashed as it is copied, and renamed to its digest: the blob
+        is a copy, never a hard link, so the user's later edits of their file cannot change a blob
+        whose name is the hash of its bytes."""
         full = normalize_name(name)
         src = Path(gguf_path).expanduser()
         if not src.is_file():
             raise StoreError(f"no such model file: {os.fspath(gguf_path)}")
-        try:
-            with open(src, "rb") as f:
-                magic = f.read(4)
-        except OSError as e:
-            raise StoreError(f"cannot read {src}: {e.strerror or e}") from None
-        if magic != b"GGUF":
-            raise StoreError(f"{src} is not a GGUF file (bad magic {magic!r})")
+        _check_gguf(src)
         self._ensure_dirs()
         tmp = self._temp_blob()
         try:
@@ -546,6 +541,26 @@ def _previous_source(store: Store, entry: CatalogEntry) -> dict[str, Any] | None
     if isinstance(src, dict) and data["model"]["digest"] == f"sha256:{entry.sha256}":
         return src
     return None
+
+
+def _check_gguf(src: Path) -> None:
+    """StoreError (one line) unless `src` is a whole GGUF file: its magic, header and tensor infos
+    parse, and every tensor's data lies inside the file (a truncated download is refused here)."""
+    from .errors import GGUFError
+    from .gguf import GGUFFile
+
+    try:
+        with open(src, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise StoreError(f"cannot read {src}: {e.strerror or e}") from None
+    if magic != b"GGUF":
+        raise StoreError(f"{src} is not a GGUF file (bad magic {magic!r})")
+    try:
+        GGUFFile(src).close()
+    except GGUFError as e:
+        reason = str(e).removeprefix(f"{src}: ")
+        raise StoreError(f"{src} is truncated or damaged: {reason}") from None
 
 
 def _copy_hashing(src: Path, dst: Path) -> str:

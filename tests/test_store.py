@@ -559,6 +559,23 @@ def test_create_rejects_missing_and_non_gguf_files(tmp_path: Path) -> None:
     assert store.list() == []
 
 
+def test_create_refuses_a_truncated_gguf_in_one_line(tmp_path: Path) -> None:
+    store = Store(tmp_path / "store", catalog={})
+    data = write_gguf(tmp_path / "whole.gguf", 3)
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[: len(data) - 100])  # the header is whole; the last tensor's data is not
+    with pytest.raises(StoreError) as e:
+        store.create("cut", cut)
+    msg = str(e.value)
+    assert "\n" not in msg and str(cut) in msg and "truncated" in msg and "runs past the end" in msg, msg
+    header = tmp_path / "header.gguf"
+    header.write_bytes(data[:200])  # cut inside the metadata
+    with pytest.raises(StoreError, match="truncated or damaged"):
+        store.create("header", header)
+    assert store.list() == []
+    assert not (tmp_path / "store" / "blobs").exists() or not list((tmp_path / "store" / "blobs").iterdir())
+
+
 def test_resolve_a_path(tmp_path: Path) -> None:
     store = Store(tmp_path / "store", catalog={})
     gguf = tmp_path / "local.gguf"

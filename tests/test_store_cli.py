@@ -185,3 +185,13 @@ def test_show_says_whether_the_models_go_template_is_used(populated: Path) -> No
     ok(llmedge_cmd(populated, "create", "bad", "-f", str(bad)))
     out = ok(llmedge_cmd(populated, "show", "bad"))
     assert "template used       gguf (the model's Go template does not render: go template: unclosed" in out
+
+
+def test_create_refuses_a_truncated_gguf(tmp_path: Path) -> None:
+    data = write_tiny_llama(tmp_path / "whole.gguf").read_bytes()
+    (tmp_path / "cut.gguf").write_bytes(data[: len(data) * 3 // 4])  # a download cut short
+    (tmp_path / "Modelfile").write_text("FROM ./cut.gguf\n")
+    p = llmedge_cmd(tmp_path, "create", "cut", "-f", str(tmp_path / "Modelfile"))
+    one_line_error(p, "cut.gguf is truncated or damaged: tensor ")
+    assert "runs past the end of the file" in p.stderr
+    assert ok(llmedge_cmd(tmp_path, "list")).splitlines()[1:] == []
