@@ -195,6 +195,27 @@ def test_openai_seed_negative_is_random_and_not_an_integer_is_400(url: str) -> N
         assert_400(gen(url, path, seed=True, max_tokens=2, **fields), "option seed must be a number, not bool")
 
 
+def prompt_tokens_evaluated(url: str) -> float:
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("llmedge_prompt_tokens_total "):
+            return float(line.split()[1])
+    raise AssertionError("llmedge_prompt_tokens_total is not in /metrics")
+
+
+def test_prompt_eval_count_is_the_whole_prompt_cached_part_included(url: str) -> None:
+    """Ollama's prompt_eval_count is the prompt's length (after truncation to the context), whether or not
+    a cached prefix spared evaluating part of it; it used to count only the uncached tokens."""
+    for path, fields in (("/api/generate", {"prompt": "hello world " * 20, "raw": True}),
+                         ("/api/chat", {"messages": [{"role": "user", "content": "hello world " * 20}]})):
+        first = gen(url, path, options={"num_predict": 1}, **fields).json()
+        before = prompt_tokens_evaluated(url)
+        again = gen(url, path, options={"num_predict": 1}, **fields).json()
+        assert prompt_tokens_evaluated(url) - before < first["prompt_eval_count"]  # the prefix was reused
+        assert again["prompt_eval_count"] == first["prompt_eval_count"] > 20, (path, first, again)
+    r = gen(url, prompt="hello " * 2000, raw=True, options={"num_ctx": 64, "num_predict": 2})
+    assert 32 <= r.json()["prompt_eval_count"] <= 64  # the prompt as cut to the context, as Ollama counts it
+
+
 def loaded_models(url: str) -> list[dict[str, Any]]:
     return httpx.get(url + "/api/ps", timeout=10).json()["models"]
 
