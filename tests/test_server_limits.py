@@ -77,6 +77,27 @@ def test_prompt_longer_than_the_context_is_cut_to_fit(url: str, monkeypatch: pyt
     assert_400(gen(url, "/v1/completions", prompt=[0] * 1001), "prompt holds 1001 token ids")
 
 
+def test_openai_prompt_longer_than_the_context_is_400_context_length_exceeded(url: str) -> None:
+    """OpenAI refuses a prompt that does not fit instead of cutting it (the OpenAI routes cut it silently);
+    Ollama's routes keep cutting it, as Ollama does."""
+    long = "hello " * 3000
+    for path, fields, param in (("/v1/completions", {"prompt": long}, "prompt"),
+                                ("/v1/completions", {"prompt": [0] * 20000}, "prompt"),
+                                ("/v1/chat/completions", {"messages": [{"role": "user", "content": long}]},
+                                 "messages")):
+        for stream in (False, True):
+            r = gen(url, path, max_tokens=2, **{**fields, "stream": stream})
+            assert r.status_code == 400, (path, stream, r.text[:300])
+            err = r.json()["error"]
+            assert err["code"] == "context_length_exceeded" and err["type"] == "invalid_request_error", err
+            assert err["param"] == param and "maximum context length" in err["message"], err
+            assert "\n" not in err["message"]
+    r = gen(url, "/api/chat", messages=[{"role": "user", "content": long}], options={"num_ctx": 64, "num_predict": 2})
+    assert r.status_code == 200 and 0 < r.json()["prompt_eval_count"] <= 64, r.text[:300]
+    ok = gen(url, "/v1/chat/completions", messages=[{"role": "user", "content": "hello"}], max_tokens=2)
+    assert ok.status_code == 200, ok.text
+
+
 def test_num_predict(url: str) -> None:
     assert_400(gen(url, options={"num_predict": -3}), "num_predict=-3 is out of range")
     assert_400(gen(url, options={"num_predict": 10**12}), "out of range")

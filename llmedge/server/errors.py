@@ -20,6 +20,8 @@ class HTTPError(LlmedgeError):
 
     status = 400
     retry_after: str | None = None
+    code: str | None = None  # OpenAI's error ``code`` (``context_length_exceeded``); None: null
+    param: str | None = None  # OpenAI's ``param``: the request field at fault, when one is
 
     def __init__(self, status: int, message: str, type_: str | None = None,
                  headers: dict[str, str] | None = None) -> None:
@@ -51,7 +53,13 @@ class Unsupported(BadRequest):
 
 
 class ContextTooLong(BadRequest):
-    """The input does not fit the model's context (and cannot be cut)."""
+    """The input does not fit the model's context (and cannot be cut, or the protocol says not to)."""
+
+    code = "context_length_exceeded"
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class ModelNotFound(_Fixed):
@@ -84,18 +92,19 @@ OPENAI_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_
                 413: "invalid_request_error", 429: "rate_limit_error", 503: "server_error"}
 
 
-def error_body(path: str, status: int, message: str, type_: str | None = None) -> dict[str, Any]:
+def error_body(path: str, status: int, message: str, type_: str | None = None, code: str | None = None,
+               param: str | None = None) -> dict[str, Any]:
     """Ollama's ``{"error": msg}``; under ``/v1`` OpenAI's ``{"error": {"message", "type", ...}}``."""
     if path.startswith("/v1"):
         kind = type_ or OPENAI_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
-        return {"error": {"message": message, "type": kind, "param": None, "code": None}}
+        return {"error": {"message": message, "type": kind, "param": param, "code": code}}
     return {"error": message}
 
 
 def render(path: str, e: BaseException) -> tuple[int, dict[str, Any], dict[str, str] | None]:
     """``(status, body, headers)`` for any exception a request raised, in the shape of ``path``'s API."""
     if isinstance(e, HTTPError):
-        return e.status, error_body(path, e.status, e.message, e.type), e.headers
+        return e.status, error_body(path, e.status, e.message, e.type, e.code, e.param), e.headers
     if isinstance(e, ModelNotFoundError):
         return 404, error_body(path, 404, str(e)), None
     if isinstance(e, StoreError | LlmedgeError):

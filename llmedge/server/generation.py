@@ -21,7 +21,7 @@ from llmedge.reasoning import ThinkingSplitter, opens_thinking, supports_thinkin
 from llmedge.sampling import SamplingOptions
 from llmedge.server import tools as tl
 from llmedge.server.config import SPECULATIVE_OPTIONS
-from llmedge.server.errors import Unsupported
+from llmedge.server.errors import ContextTooLong, Unsupported
 from llmedge.server.grammar import RequestSampler, compile_schema
 from llmedge.server.scheduler import GenRequest, Job, Loaded, count_tokens, ids_in_range
 
@@ -54,6 +54,7 @@ class GenerationRequest:
     logprobs: bool = False
     top_logprobs: int = 0
     stream: bool = True
+    truncate: bool = True  # a prompt longer than the context is cut (Ollama); False: refused (OpenAI)
 
     @property
     def constrained(self) -> bool:
@@ -177,6 +178,11 @@ class GenerationTask:
         req, model = self.req, loaded.model
         ids = self.prompt_ids(model)
         ids_in_range(ids, model.params.n_vocab)
+        if not req.truncate and len(ids) >= model.n_ctx:  # no room left to answer without cutting the prompt
+            what = "messages" if req.kind == "chat" else "prompt"
+            raise ContextTooLong(f"This model's maximum context length is {model.n_ctx} tokens, but the {what} "
+                                 f"resulted in {len(ids)} tokens (the prompt must be shorter than the context, "
+                                 f"leaving room for the reply); reduce the length of the {what}", param=what)
         if not ids:
             return self._result(job, model, ids, done_reason="unload" if job.keep_alive == 0 else "load")
         sampling, max_tokens, stop, n_keep = request_options(model.defaults, req.sampling, req.max_tokens,

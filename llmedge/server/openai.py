@@ -204,7 +204,7 @@ def _sampling_into(body: dict[str, Any], req: GenerationRequest) -> None:
 def chat_request(body: dict[str, Any], name: str, key: str, path: Any) -> GenerationRequest:
     """/v1/chat/completions -> GenerationRequest."""
     req = GenerationRequest(name, key, path, "chat", messages=parse_messages(body.get("messages")),
-                            tools=normalize_tools(body.get("tools")), keep_alive="default")
+                            tools=normalize_tools(body.get("tools")), keep_alive="default", truncate=False)
     _sampling_into(body, req)
     req.tool_choice, req.tool_name = parse_tool_choice(body.get("tool_choice"), req.tools)
     req.parallel_tool_calls = flag(body, "parallel_tool_calls", True)
@@ -238,7 +238,7 @@ def completion_request(body: dict[str, Any], name: str, key: str, path: Any) -> 
     if not 0 <= top <= 20:
         raise BadRequest("logprobs must be between 0 and 20")
     req = GenerationRequest(name, key, path, "raw", prompt=prompt, default_max_tokens=16,
-                            logprobs=lp is not None, top_logprobs=top)
+                            logprobs=lp is not None, top_logprobs=top, truncate=False)
     _sampling_into(body, req)
     return req
 
