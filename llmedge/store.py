@@ -287,7 +287,8 @@ class Store:
 
     def resolve(self, name_or_path: str, pull: bool = False, progress: Progress | None = None) -> Path:
         """The .gguf file for a path, or for a name: llmedge's store, else the local Ollama store, else
-        (when `pull`) whatever source the name denotes."""
+        (when `pull`) whatever source the name denotes. A stored model whose blob is missing or
+        damaged is an error naming it, with or without `pull` (only `pull` itself fetches it again)."""
         if not isinstance(name_or_path, str):
             name_or_path = os.fspath(name_or_path)
         if looks_like_path(name_or_path):
@@ -298,29 +299,47 @@ class Store:
         full = normalize_name(name_or_path)
         found = self._find(full)
         if found is not None:
-            data = self._read_manifest(found[1], found[0])
-            blob = self.blob_path(data["model"]["digest"])
-            try:
-                size = blob.stat().st_size
-            except OSError:
-                size = None
-            if size == data["model"]["size"]:
-                return blob
-            if not pull:
-                state = "missing" if size is None else "damaged"
-                raise StoreError(f"the file of model '{found[0]}' is {state}; run `llmedge pull {found[0]}`")
-        else:
-            held = self.ollama.find(full)
-            if held is not None:
-                return held.path
-            if not pull:
-                raise ModelNotFoundError(f"model '{name_or_path}' not found; try `llmedge pull {name_or_path}` "
-                                 "(or give a path to a .gguf file)")
-            try:
-                return self.pull(name_or_path, progress)
-            except StoreError as e:
-                raise StoreError(f"model '{name_or_path}' not found locally, and pulling it failed: {e}") from None
-        return self.pull(name_or_path, progress)
+            return self._stored_blob(*found)
+        held = self.ollama.find(full)
+        if held is not None:
+            return held.path
+        if not pull:
+            raise ModelNotFoundError(f"model '{name_or_path}' not found; try `llmedge pull {name_or_path}` "
+                                     "(or give a path to a .gguf file)")
+        try:
+            return self.pull(name_or_path, progress)
+        except StoreError as e:
+            raise StoreError(f"model '{name_or_path}' not found locally, and pulling it failed: {e}") from None
+
+    def _stored_blob(self, full: str, manifest_path: Path) -> Path:
+        """The blob of a stored model when it is present at its recorded size; else StoreError saying
+        it is missing or damaged and how to get it back. Never a pull: `run` of a model whose file
+        broke says so instead of downloading it again behind the user's back (`llmedge pull` does)."""
+        data = self._read_manifest(manifest_path, full)
+        blob = self.blob_path(data["model"]["digest"])
+        want = data["model"]["size"]
+        try:
+            size = blob.stat().st_size
+        except OSError:
+            size = None
+        if size == want:
+            return blob
+        state = "missing" if size is None else f"damaged ({size} bytes, expected {want})"
+        raise StoreError(f"the file of model '{full}' is {state}: {blob}; {self._repair_hint(full, data)}")
+
+    def _repair_hint(self, full: str, data: dict[str, Any], depth: int = 0) -> str:
+        """How to get back the file of the stored model `full` (manifest `data`), by where it came
+        from: pull it again, or import the local file again (a copy follows what it was made from)."""
+        source = data.get("source")
+        kind = source.get("type") if isinstance(source, dict) else None
+        if kind == "local":
+            return f"import {source.get('path', 'its .gguf file')} again with `llmedge create`"
+        if kind in ("copy", "create") and isinstance(source.get("from"), str) and depth < 8:
+            found = self._find(source["from"])
+            if found is not None:
+                with contextlib.suppress(StoreError):
+                    return self._repair_hint(found[0], self._read_manifest(found[1], found[0]), depth + 1)
+        return f"run `llmedge pull {full}` to fetch it again"
 
     # -- changes ----------------------------------------------------------------------------
     def pull(self, name: str, progress: Progress | None = None) -> Path:

@@ -613,9 +613,17 @@ def test_resolve_with_a_missing_blob(tmp_path: Path, index: FakeIndex, tiny) -> 
     store = make_store(tmp_path / "store", entry)
     blob = store.pull("tiny")
     blob.unlink()
-    with pytest.raises(StoreError, match=r"missing; run `llmedge pull tiny:1b`"):
-        store.resolve("tiny")
-    assert store.resolve("tiny", pull=True).read_bytes() == data
+    n = len(index.requests)
+    for pull in (False, True):  # never fetched behind the user's back, even where a pull is allowed
+        with pytest.raises(StoreError, match=r"^the file of model 'tiny:1b' is missing: .*; "
+                                             r"run `llmedge pull tiny:1b` to fetch it again$"):
+            store.resolve("tiny", pull=pull)
+    blob.write_bytes(data[:1000])
+    with pytest.raises(StoreError, match=rf"is damaged \(1000 bytes, expected {len(data)}\)"):
+        store.resolve("tiny", pull=True)
+    assert len(index.requests) == n
+    assert store.pull("tiny").read_bytes() == data  # `llmedge pull` fetches it again
+    assert store.resolve("tiny", pull=True) == blob
 
 
 def test_an_exact_name_wins_over_a_catalog_alias(tmp_path: Path, index: FakeIndex, tiny) -> None:

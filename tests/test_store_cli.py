@@ -195,3 +195,27 @@ def test_create_refuses_a_truncated_gguf(tmp_path: Path) -> None:
     one_line_error(p, "cut.gguf is truncated or damaged: tensor ")
     assert "runs past the end of the file" in p.stderr
     assert ok(llmedge_cmd(tmp_path, "list")).splitlines()[1:] == []
+
+
+def test_run_of_a_model_whose_file_broke_says_so_and_pulls_nothing(tmp_path: Path, smollm2_path: Path) -> None:
+    store = Store(tmp_path / "store")
+    digest, size = digest_of(smollm2_path), smollm2_path.stat().st_size
+    store.blobs_dir.mkdir(parents=True)
+    store.register("smollm2:135m", digest, size, {"type": "pypi-wheel"})  # its blob never arrived
+    p = llmedge_cmd(tmp_path, "run", "smollm2:135m", "hi")  # the index URL is a dead port
+    one_line_error(p, "the file of model 'smollm2:135m' is missing: ")
+    assert "run `llmedge pull smollm2:135m` to fetch it again" in p.stderr and "pulling" not in p.stderr
+    store.blob_path(digest).write_bytes(smollm2_path.read_bytes()[:4096])  # cut short
+    p = llmedge_cmd(tmp_path, "run", "smollm2:135m", "hi")
+    one_line_error(p, f"the file of model 'smollm2:135m' is damaged (4096 bytes, expected {size}): ")
+    assert "run `llmedge pull smollm2:135m` to fetch it again" in p.stderr
+
+
+def test_run_of_a_created_model_whose_file_broke_names_the_file_to_import(populated: Path) -> None:
+    blob = Store(populated / "store").resolve("tiny")
+    ok(llmedge_cmd(populated, "cp", "tiny", "again"))
+    blob.unlink()
+    for name in ("tiny:latest", "again:latest"):
+        p = llmedge_cmd(populated, "run", name.split(":")[0], "hi")
+        one_line_error(p, f"the file of model '{name}' is missing: ")
+        assert f"import {populated / 'tiny.gguf'} again with `llmedge create`" in p.stderr
