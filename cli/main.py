@@ -45,7 +45,7 @@ def main() -> None:
     from llmedge.errors import LlmedgeError
 
     try:
-        app(args=optional_values(sys.argv[1:]), standalone_mode=False)
+        code = app(args=optional_values(sys.argv[1:]), standalone_mode=False)
     except LlmedgeError as e:
         _fail(str(e))
     except KeyboardInterrupt:
@@ -62,6 +62,12 @@ def main() -> None:
         if os.environ.get("LLMEDGE_DEBUG"):
             raise
         _fail(f"{type(e).__name__}: {e}")
+    # Outside standalone mode Typer turns Ctrl-C (KeyboardInterrupt) and a command's typer.Exit into
+    # a returned exit code instead of raising (every command returns None): exit with it.
+    if isinstance(code, int) and not isinstance(code, bool) and code:
+        if code == 130:
+            sys.stderr.write("\n")
+        sys.exit(code)
 
 
 OPTIONAL_VALUES = {"--lookup": "3"}  # llama.cpp-style options whose value may be left out (--lookup[=NGRAM])

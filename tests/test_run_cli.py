@@ -106,6 +106,24 @@ def test_malformed_file_is_one_line_error(smollm2_path: Path, tmp_path: Path, co
     assert "Traceback" not in res.stderr
 
 
+def test_ctrl_c_during_a_one_shot_answer_exits_130(smollm2_path: Path, tmp_path: Path):
+    env = {**os.environ, "LLMEDGE_MODELS": str(tmp_path / "store")}
+    p = subprocess.Popen([sys.executable, "-m", "llmedge.cli.main", "run", str(smollm2_path),
+                          "Count from 1 to 100000, one number a line.", "--temperature", "0",
+                          "--num-predict", "100000"],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        first = p.stdout.read(8)  # the answer is streaming
+        assert first, p.stderr.read().decode()
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130, (p.returncode, err.decode())
+    assert b"Traceback" not in err
+
+
 # -- input parsing ---------------------------------------------------------------------------------
 
 def test_multiline_input_rules():
