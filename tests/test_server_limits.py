@@ -200,6 +200,26 @@ def test_openai_sampling_values(url: str) -> None:
     assert gen(url, "/v1/chat/completions", messages=msgs, max_tokens=2, temperature=1.5).status_code == 200
 
 
+def test_openai_refuses_an_unknown_role_n_above_one_and_logit_bias(url: str) -> None:
+    """Found by QA: OpenAI chat took any role and ignored logit_bias; now 400s naming what is refused."""
+    unload(url)  # not left loaded with an earlier test's small num_ctx
+    chat, hi = "/v1/chat/completions", [{"role": "user", "content": "hi"}]
+    assert_400(gen(url, chat, messages=[*hi, {"role": "wizard", "content": "x"}]),
+               "messages[1].role 'wizard' is not a supported role")
+    for path, fields in ((chat, {"messages": hi}), ("/v1/completions", {"prompt": "hi"})):
+        assert_400(gen(url, path, n=2, **fields), "n=2 is not supported")
+        assert_400(gen(url, path, n=0, **fields), "n=0 is not supported")
+        assert_400(gen(url, path, logit_bias={"5": 10}, **fields), "logit_bias is not supported")
+        assert_400(gen(url, path, logit_bias=[5], **fields), "logit_bias must be an object")
+        r = gen(url, path, n=1, logit_bias={}, max_tokens=1, **fields)  # the defaults are accepted
+        assert r.status_code == 200, r.text
+    roles = [{"role": r, "content": "x"} for r in ("system", "developer", "user", "assistant", "tool")]
+    r = gen(url, chat, messages=roles, max_tokens=1)
+    assert r.status_code == 200, r.text
+    r = gen(url, "/api/chat", messages=[{"role": "wizard", "content": "x"}], options={"num_predict": 1})
+    assert r.status_code == 200, r.text  # Ollama hands any role to the template
+
+
 def test_openai_seed_negative_is_random_and_not_an_integer_is_400(url: str) -> None:
     """A negative seed was handed to the sampler as is (a 500); it means random, as in Ollama's options."""
     from llmedge.server.openai import parse_sampling

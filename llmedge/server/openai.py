@@ -52,9 +52,14 @@ def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
     return out
 
 
-def parse_messages(messages: Any) -> list[dict[str, Any]]:
+# the roles OpenAI's chat API defines ("function": its deprecated form of "tool")
+OPENAI_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+
+
+def parse_messages(messages: Any, roles: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
     """Chat messages with their content flattened to text (``[{type: text, text}]`` parts joined), tool
-    calls with their arguments as objects, and a tool result's ``tool_call_id`` and name kept."""
+    calls with their arguments as objects, and a tool result's ``tool_call_id`` and name kept.
+    ``roles``: the roles accepted (None: any, as Ollama passes any role to the template)."""
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty array")
     out = []
@@ -64,6 +69,9 @@ def parse_messages(messages: Any) -> list[dict[str, Any]]:
         role = m.get("role")
         if not isinstance(role, str) or not role:
             raise BadRequest(f"messages[{i}].role must be a string")
+        if roles is not None and role not in roles:
+            raise BadRequest(f"messages[{i}].role {role[:100]!r} is not a supported role "
+                             f"(one of {', '.join(roles)})")
         content = m.get("content")
         if content is None:
             content = ""
@@ -108,8 +116,13 @@ def parse_sampling(body: dict[str, Any]) -> dict[str, Any]:
             raise BadRequest("max_tokens must not be negative")
         limits.check_range("max_tokens", max_tokens)
     n = body.get("n")
-    if n is not None and number(n, "n", int) != 1:
-        raise BadRequest("only n=1 is supported")
+    if n is not None and (n := number(n, "n", int)) != 1:
+        raise BadRequest(f"n={n} is not supported: one choice per request (n=1)")
+    bias = body.get("logit_bias")
+    if bias is not None and not isinstance(bias, dict):
+        raise BadRequest("logit_bias must be an object mapping token ids to biases")
+    if bias:  # not applied by the sampler: refused rather than silently ignored
+        raise Unsupported("logit_bias is not supported")
     return {"sampling": sampling, "max_tokens": max_tokens, "stop": parse_stop(body.get("stop"))}
 
 
@@ -203,7 +216,7 @@ def _sampling_into(body: dict[str, Any], req: GenerationRequest) -> None:
 
 def chat_request(body: dict[str, Any], name: str, key: str, path: Any) -> GenerationRequest:
     """/v1/chat/completions -> GenerationRequest."""
-    req = GenerationRequest(name, key, path, "chat", messages=parse_messages(body.get("messages")),
+    req = GenerationRequest(name, key, path, "chat", messages=parse_messages(body.get("messages"), OPENAI_ROLES),
                             tools=normalize_tools(body.get("tools")), keep_alive="default", truncate=False)
     _sampling_into(body, req)
     req.tool_choice, req.tool_name = parse_tool_choice(body.get("tool_choice"), req.tools)
