@@ -1,7 +1,8 @@
 """``llmedge run``: one-shot generation with a prompt (or piped stdin), else the interactive chat.
 
 With a prompt, or else the whole of stdin when stdin or stdout is not a terminal, the answer is
-streamed; when stdout is not a terminal it is exactly the answer and a newline (no colours, no
+streamed (piped stdin and a prompt argument: the stdin text, a space, then the prompt, as Ollama
+does; see :func:`prompt_with_stdin`); when stdout is not a terminal it is exactly the answer and a newline (no colours, no
 spinner), so it pipes. On a terminal the answer is shown as Markdown (see :mod:`llmedge.cli.chat`),
 except with ``--raw``. Without a prompt, stdin and stdout both terminals, the chat of
 :mod:`llmedge.cli.chat` starts. ``--verbose`` timings go to stderr.
@@ -72,8 +73,7 @@ def run(
         options.pop("max_tokens")
     if keep is not None:
         options["num_keep"] = keep
-    if prompt is None and not (sys.stdin.isatty() and sys.stdout.isatty()):
-        prompt = sys.stdin.read()  # piped in, or the answer is redirected: one answer, no chat
+    prompt = prompt_with_stdin(prompt)
     if think is not None:
         from llmedge.errors import LlmedgeError
         from llmedge.reasoning import supports_thinking
@@ -111,6 +111,25 @@ def run(
         return m2
 
     chat(m, params, verbose=verbose, reload=reload, think=think)
+
+
+def prompt_with_stdin(prompt: str | None) -> str | None:
+    """The prompt to answer, or None for the chat, as Ollama's ``run`` builds it (cmd/cmd.go,
+    RunHandler): when stdin is not a terminal, its whole text goes *before* the prompt argument and
+    the two are joined with one space, ``strings.Join(append([]string{stdin}, args...), " ")``, so
+    ``cat notes.txt | llmedge run MODEL "Summarize this."`` asks about the notes (piped text usually
+    ends with a newline, which puts the prompt on a line of its own). Unlike Ollama, an empty stdin
+    (``</dev/null``) leaves the prompt as it is rather than adding a space in front. Without a prompt
+    argument, stdin is the prompt when it is piped in or when the answer is redirected (one answer,
+    no chat)."""
+    if not sys.stdin.isatty():
+        piped = sys.stdin.read()
+        if prompt is None:
+            return piped
+        return f"{piped} {prompt}" if piped else prompt
+    if prompt is None and not sys.stdout.isatty():
+        return sys.stdin.read()
+    return prompt
 
 
 class _Stdout:

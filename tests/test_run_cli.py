@@ -83,6 +83,19 @@ def test_prompt_argument_and_verbose_timings(smollm2_path: Path, any_model, tmp_
     assert "eval count:           12 token(s)" in res.stderr
 
 
+def test_piped_stdin_goes_before_the_prompt_argument(smollm2_path: Path, model, tmp_path: Path):
+    """Ollama's run joins stdin and the prompt arguments with a space, stdin first."""
+    piped = "My cat is called Whiskers and she is three years old.\n"
+    want = "".join(c.text for c in model.generate(piped + " What is my cat called?", temperature=0,
+                                                  max_tokens=16)) + "\n"
+    alone = "".join(c.text for c in model.generate("What is my cat called?", temperature=0, max_tokens=16)) + "\n"
+    assert want != alone
+    res = _run([str(smollm2_path), "What is my cat called?", "--temperature", "0", "--num-predict", "16"],
+               tmp_path, stdin=piped)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == want
+
+
 def test_unknown_model_is_one_line_error(tmp_path: Path):
     res = _run(["nosuchmodel:7b", "hi"], tmp_path)
     assert res.returncode == 1
