@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -546,6 +547,9 @@ def convert(folder: Path, out: Path, outtype: str = "auto", model_name: str | No
         raise ConvertError(f"unknown --outtype {outtype!r} (one of {', '.join(OUTTYPES)})")
     if not folder.is_dir():
         raise ConvertError(f"{folder} is not a folder")
+    out = Path(out)
+    if not out.is_dir():
+        refuse_source_as_output(folder, out)  # before any work; again below for a folder's default name
     hp = _load_config(folder)
     _, fam = family_of(hp)
     if "num_hidden_layers" not in hp:
@@ -570,6 +574,7 @@ def convert(folder: Path, out: Path, outtype: str = "auto", model_name: str | No
     if out.is_dir():  # llama.cpp's default file name, e.g. SmolLM2-135M-Instruct-F16.gguf
         out = out / (gguf.naming_convention(meta.name, meta.basename, meta.finetune, meta.version,
                                             meta.size_label, ftype.name.partition("_")[2]) + ".gguf")
+    refuse_source_as_output(folder, out)
     vocab.add_to_gguf(w)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".partial")
@@ -586,6 +591,24 @@ def convert(folder: Path, out: Path, outtype: str = "auto", model_name: str | No
     finally:
         tmp.unlink(missing_ok=True)
     return ConvertResult(out, gguf.MODEL_ARCH_NAMES[fam.arch], len(plan), ftype.name, out.stat().st_size)
+
+
+def refuse_source_as_output(folder: Path, out: Path) -> None:
+    """ConvertError when ``out`` is one of the source folder's files (itself, a hard link or a symlink
+    to one): writing it would replace the model being converted. A GGUF in the folder (an earlier
+    conversion) may be overwritten."""
+    if not out.exists():
+        return
+    for f in folder.iterdir():
+        if f.name.endswith(".gguf") or not f.is_file():
+            continue
+        try:
+            same = os.path.samefile(out, f)
+        except OSError:
+            continue
+        if same:
+            raise ConvertError(f"the output {out} is the source file {f}; converting would overwrite it "
+                               "(choose another output file)")
 
 
 def _write_metadata(w: gguf.GGUFWriter, folder: Path, hp: dict[str, Any], fam: Family, ftype: Any,

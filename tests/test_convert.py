@@ -339,6 +339,36 @@ def test_bad_input_is_one_line_and_exit_1(folders: dict[str, Path], tmp_path: Pa
     assert p.returncode == 1 and p.stderr.count("\n") == 1 and "Traceback" not in p.stderr
 
 
+def test_an_output_that_is_a_source_file_is_refused_before_writing(folders: dict[str, Path], tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """-o naming a file of the source folder (itself, a hard link or a symlink to it) would replace the
+    model being converted: one line, exit 1, the source files and the link untouched."""
+    import shutil
+
+    from llmedge.quant.convert import ConvertError
+
+    src = tmp_path / "src"
+    shutil.copytree(folders["llama"], src)
+    shard = next(src.glob("model-00001-*.safetensors"))
+    before = {f.name: f.read_bytes() for f in src.iterdir()}
+    hard, sym = tmp_path / "hard.gguf", tmp_path / "sym.gguf"
+    os.link(shard, hard)
+    sym.symlink_to(src / "config.json")
+    for out in (shard, src / "config.json", hard, sym):
+        code, err = _main("convert", str(src), "-o", str(out), "-q", capsys=capsys, monkeypatch=monkeypatch)
+        assert code == 1, (out, err)
+        assert err.count("\n") == 1 and err.startswith("Error: ") and "would overwrite it" in err, (out, err)
+        with pytest.raises(ConvertError, match="is the source file"):
+            convert(src, out)
+    assert {f.name: f.read_bytes() for f in src.iterdir()} == before  # no .partial left either
+    assert sym.is_symlink() and hard.read_bytes() == before[shard.name]
+    # an earlier conversion in the folder itself may be overwritten
+    again = src / "model.gguf"
+    again.write_bytes(b"old")
+    assert convert(src, again, "f32").nbytes > 3
+
+
 def test_a_hub_repo_converts_through_the_hf_cache(folders: dict[str, Path], tmp_path: Path) -> None:
     files: dict[str, bytes | Path] = {p.name: p for p in folders["qwen2"].iterdir()}
     files["pytorch_model.bin"] = b"not downloaded: safetensors only"
