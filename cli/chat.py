@@ -702,8 +702,12 @@ class ChatSession:
         return system + self.messages
 
     def generation_options(self) -> dict[str, Any]:
-        return {k: v for k, v in self.params.items()
-                if k not in ("num_ctx",) and not (k == "seed" and v is None)}
+        options = {k: v for k, v in self.params.items() if k not in ("num_ctx", "seed")}
+        seed = self.params.get("seed")
+        # -1 (any negative seed) means a random one, as in Ollama; always given, so that a
+        # Modelfile's negative seed is not laid over it
+        options["seed"] = seed if isinstance(seed, int) and seed >= 0 else None
+        return options
 
     def prompt_ids(self) -> tuple[list[int], int]:
         """The ids of the conversation, leaving out the oldest exchanges that no longer fit."""

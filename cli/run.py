@@ -34,7 +34,8 @@ def run(
     raw: Annotated[bool, typer.Option("--raw", help="Feed the prompt without the chat template.")] = False,
     temperature: Annotated[float | None, typer.Option(help="Sampling temperature; 0 is greedy "
                                                       "(default 0.8, or the model's).")] = None,
-    seed: Annotated[int | None, typer.Option(help="Random seed for reproducible sampling.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Random seed for reproducible sampling "
+                                             "(-1, or any negative: a random one).")] = None,
     num_predict: Annotated[int | None, typer.Option("--num-predict",
                                                     help="Tokens to generate (-1: until EOS).")] = None,
     top_k: Annotated[int | None, typer.Option("--top-k")] = None,
@@ -66,8 +67,16 @@ def run(
     m.speculation = speculation_options(draft_model, draft_max, draft_min, lookup)
     if m.speculation:
         m.spec_config(**m.speculation)  # a bad draft model fails here, in one line, before any output
+    default_seed = ((getattr(m, "defaults", None) or {}).get("parameters") or {}).get("seed")
+    if (seed is not None and seed < 0) or (seed is None and isinstance(default_seed, int) and default_seed < 0):
+        seed = None  # -1 (any negative seed, the option's or the Modelfile's) means a random one
+        random_seed = True
+    else:
+        random_seed = False
     given = dict(temperature=temperature, seed=seed, top_k=top_k, top_p=top_p, min_p=min_p)
     options = {k: v for k, v in given.items() if v is not None}
+    if random_seed:
+        options["seed"] = None  # given, so a Modelfile's negative seed is not applied either
     options.update(shift=not no_shift, max_tokens=-1 if num_predict is None else num_predict)
     if num_predict is None and "num_predict" in (getattr(m, "defaults", None) or {}).get("parameters", {}):
         options.pop("max_tokens")

@@ -96,6 +96,13 @@ def test_piped_stdin_goes_before_the_prompt_argument(smollm2_path: Path, model, 
     assert res.stdout == want
 
 
+def test_a_negative_seed_means_a_random_one(smollm2_path: Path, tmp_path: Path):
+    for seed in ("-1", "-7"):
+        res = _run([str(smollm2_path), "Say hi.", "--seed", seed, "--num-predict", "4"], tmp_path)
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.strip() and res.stderr == ""
+
+
 def test_unknown_model_is_one_line_error(tmp_path: Path):
     res = _run(["nosuchmodel:7b", "hi"], tmp_path)
     assert res.returncode == 1
@@ -190,6 +197,18 @@ def test_set_and_show_commands(model, tmp_path: Path):
     assert s.generation_options()["stop"] == ["<|im_end|>", "two words"]
     assert s.conversation() == [{"role": "system", "content": "You answer in French."}]
     assert s.handle("/bye") is False and s.handle("/exit") is False
+
+
+def test_set_parameter_seed_minus_one_samples_with_a_random_seed(model, tmp_path: Path):
+    s, out = _session(model, tmp_path, params={"num_predict": 4})
+    s.handle("/set parameter seed -1")
+    assert "Set parameter 'seed' to '-1'" in out.getvalue()
+    for _ in range(2):  # every turn, not only the first
+        assert s.ask("Say hi.") is not None, out.getvalue()
+    assert "Error" not in out.getvalue() and "ValueError" not in out.getvalue()
+    assert s.generation_options()["seed"] is None
+    s.handle("/set parameter seed 3")
+    assert s.generation_options()["seed"] == 3
 
 
 def test_save_load_restores_the_conversation_and_the_next_turn_is_fast(smollm2_path: Path, any_model,

@@ -219,3 +219,9 @@ def test_run_of_a_created_model_whose_file_broke_names_the_file_to_import(popula
         p = llmedge_cmd(populated, "run", name.split(":")[0], "hi")
         one_line_error(p, f"the file of model '{name}' is missing: ")
         assert f"import {populated / 'tiny.gguf'} again with `llmedge create`" in p.stderr
+
+
+def test_a_modelfile_seed_of_minus_one_means_a_random_one(populated: Path) -> None:
+    (populated / "Random").write_text("FROM tiny\nPARAMETER seed -1\nPARAMETER temperature 1\n")
+    ok(llmedge_cmd(populated, "create", "random", "-f", str(populated / "Random")))
+    assert ok(llmedge_cmd(populated, "run", "random", "hi the sky")).strip()
