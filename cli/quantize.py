@@ -39,7 +39,7 @@ def quantize(
 ) -> None:
     """Quantize a GGUF file, byte for byte like llama.cpp's llama-quantize."""
     from llmedge.errors import LlmedgeError
-    from llmedge.quant.gguf_quantize import quantize_gguf
+    from llmedge.quant.gguf_quantize import check_output, quantize_gguf
     from llmedge.quant.imatrix import load_imatrix
     from llmedge.quant.mix import MixParams, ftype_from_name, parse_type
 
@@ -57,8 +57,10 @@ def quantize(
     from llmedge.store import Store
 
     src = Store().resolve(src)  # a path, or a model already in the store (never pulled here)
-    if src.resolve() == dst.resolve():
-        raise LlmedgeError("the output file must differ from the input file")
+    try:
+        check_output(src, dst)  # a folder, or the input itself (a hard link, a symlink): before any work
+    except ValueError as e:
+        raise LlmedgeError(str(e)) from None
 
     def report(i: int, n: int, name: str, t: object) -> None:
         if not quiet:

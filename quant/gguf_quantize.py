@@ -249,6 +249,22 @@ def _write_body(
     return f.tell()
 
 
+def check_output(src: str | Path, dst: str | Path) -> None:
+    """ValueError when ``dst`` cannot be the output for ``src``: a folder, or the input file itself
+    (the same path, a hard link or a symlink to it: the input is read while the output is written)."""
+    src, dst = Path(src), Path(dst)
+    if dst.is_dir():
+        raise ValueError(f"the output {dst} is a folder; give the path of the GGUF file to write")
+    same = os.path.realpath(src) == os.path.realpath(dst)
+    if not same and dst.exists():
+        try:
+            same = os.path.samefile(src, dst)
+        except OSError:
+            pass
+    if same:
+        raise ValueError(f"the output {dst} is the input file {src}; choose another output file")
+
+
 def quantize_gguf(
     src: str | Path,
     dst: str | Path,
@@ -263,9 +279,10 @@ def quantize_gguf(
 
     Raises ``ValueError`` (one line) for what llama-quantize refuses: an unknown mix, a type
     without an encoder here, requantizing a quantized tensor without ``allow_requantize``, a mix
-    that needs an importance matrix.
+    that needs an importance matrix; and for an output that is a folder or the input itself.
     """
     t0 = time.perf_counter()
+    check_output(src, dst)
     gf = GGUFFile(src)
     if gf.version != 3:
         raise ValueError(f"GGUF version {gf.version} input is not supported (llama-quantize writes version 3)")

@@ -152,3 +152,28 @@ def test_imatrix_collects_squared_inputs_and_feeds_quantize(tiny: dict[str, Path
     r2 = quantize_gguf(tiny["f32"], weighted, MixParams("Q4_K_S"), imatrix=im, imatrix_name="collected.gguf")
     assert r2.size_out > plain.stat().st_size  # + the quantize.imatrix.* keys
     assert sha256(plain) != sha256(weighted)
+
+
+def test_an_output_that_is_the_input_or_a_folder_is_refused_up_front(tiny: dict[str, Path], tmp_path: Path) -> None:
+    """The input itself (same path, a hard link, a symlink) or an existing folder as the output: one line
+    naming the user's paths (not a temporary file), exit 1, nothing written, the input unchanged."""
+    import os
+
+    src = tmp_path / "in.gguf"
+    src.write_bytes(tiny["f16"].read_bytes())
+    want = sha256(src)
+    hard, sym, folder = tmp_path / "hard.gguf", tmp_path / "sym.gguf", tmp_path / "out"
+    os.link(src, hard)
+    sym.symlink_to(src)
+    folder.mkdir()
+    for dst, text in ((src, "is the input file"), (hard, "is the input file"), (sym, "is the input file"),
+                      (folder, "is a folder")):
+        r = subprocess.run([sys.executable, "-m", "llmedge.cli.main", "quantize", str(src), str(dst), "q8_0", "-q"],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 1 and r.stderr.count("\n") == 1, (dst, r.stderr)
+        assert r.stderr.startswith("Error: the output ") and text in r.stderr and ".tmp" not in r.stderr, r.stderr
+        with pytest.raises(ValueError, match=text):
+            quantize_gguf(src, dst, MixParams("Q8_0"))
+    assert sha256(src) == want and os.path.samefile(src, hard) and sym.is_symlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hard.gguf", "in.gguf", "out", "sym.gguf"]
+    assert not list(folder.iterdir())
