@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -90,4 +91,8 @@ def _tensor_type_option(opt: str) -> tuple[str, object]:
     pattern, sep, tname = opt.partition("=")
     if not sep or not pattern or not tname:
         raise ValueError(f"malformed --tensor-type {opt!r} (expected PATTERN=TYPE)")
+    try:
+        re.compile(pattern.lower())
+    except re.error as e:
+        raise ValueError(f"bad --tensor-type pattern {pattern!r}: {e}") from None
     return pattern.lower(), parse_type(tname)

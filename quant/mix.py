@@ -119,6 +119,14 @@ class MixParams:
     has_imatrix: bool = False
 
 
+def _pattern(p: str) -> re.Pattern[str]:
+    """A tensor-type regex; a bad one is a ValueError naming it (re.error is not a ValueError)."""
+    try:
+        return re.compile(p)
+    except re.error as e:
+        raise ValueError(f"bad tensor-type pattern {p!r}: {e}") from None
+
+
 class TypePlanner:
     """Chooses each tensor's type; call :meth:`target_type` once per tensor in llama.cpp's order."""
 
@@ -126,7 +134,7 @@ class TypePlanner:
         self.m, self.p = model, params
         self.ft = _FT[params.ftype]
         self.default = FTYPES[params.ftype][1]
-        self.patterns = [(re.compile(p), t) for p, t in params.tensor_types]
+        self.patterns = [(_pattern(p), t) for p, t in params.tensor_types]
         cats = [category(n) for n in names]
         self.n_attention_wv = sum(c in _ATTN_V for c in cats)
         self.tied = "output" not in cats

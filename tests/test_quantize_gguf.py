@@ -177,3 +177,15 @@ def test_an_output_that_is_the_input_or_a_folder_is_refused_up_front(tiny: dict[
     assert sha256(src) == want and os.path.samefile(src, hard) and sym.is_symlink()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hard.gguf", "in.gguf", "out", "sym.gguf"]
     assert not list(folder.iterdir())
+
+
+def test_a_bad_tensor_type_regex_is_one_clean_line(tiny: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "out.gguf"
+    r = subprocess.run([sys.executable, "-m", "llmedge.cli.main", "quantize", str(tiny["f16"]), str(out), "q8_0",
+                        "-q", "--tensor-type", "attn_(q=q4_0"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("Error: bad --tensor-type pattern 'attn_(q': missing )"), r.stderr
+    assert "error: " not in r.stderr and not out.exists()
+    with pytest.raises(ValueError, match="bad tensor-type pattern"):  # the library's own check
+        quantize_gguf(tiny["f16"], out, MixParams("Q8_0", tensor_types=[("attn_(q", T.Q4_0)]))
+    assert not out.exists()
