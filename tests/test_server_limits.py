@@ -303,3 +303,21 @@ def test_infinite_and_nan_values_are_400_not_500(url: str) -> None:
         with pytest.raises(HTTPError) as info:
             Scheduler.check_ctx(SimpleNamespace(max_ctx=4096), v)  # type: ignore[arg-type]
         assert info.value.status == 400
+
+
+def test_openai_reply_that_fills_the_context_ends_with_length_instead_of_shifting(url: str) -> None:
+    """At a full context the Ollama routes shift it (drop half the history) and go on, as Ollama does; the
+    OpenAI routes end the reply with finish_reason "length", as OpenAI and llama.cpp's server do."""
+    prompt = "hello " * 4
+    gen(url, prompt="", keep_alive=0)  # unload, so the next request loads at num_ctx 64
+    ol = gen(url, prompt=prompt, raw=True, options={"num_ctx": 64, "num_predict": 120, "temperature": 0})
+    assert ol.status_code == 200, ol.text
+    o = ol.json()
+    assert o["prompt_eval_count"] + o["eval_count"] > 64, o  # greedy tokens run past the context: shifted
+    r = gen(url, "/v1/completions", prompt=prompt, max_tokens=120, temperature=0)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["choices"][0]["finish_reason"] == "length", body
+    # the last token is sampled from a full context of 64 and never stored: 65 in all, not 120 + prompt
+    assert body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"] == 65, body["usage"]
+    gen(url, prompt="", keep_alive=0)

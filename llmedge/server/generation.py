@@ -196,7 +196,8 @@ class GenerationTask:
         if max_tokens is None:
             max_tokens = req.default_max_tokens
         max_tokens = max_tokens if max_tokens is not None and max_tokens >= 0 else model.n_ctx
-        return GenRequest(ids, sampler, max_tokens, stop, n_keep, spec=model.spec_config(**speculative))
+        return GenRequest(ids, sampler, max_tokens, stop, n_keep, spec=model.spec_config(**speculative),
+                          shift=req.truncate)
 
     def result(self, job: Job, loaded: Loaded, request: GenRequest, gen: Any, out_ids: list[int]
                ) -> GenerationResult:

@@ -88,6 +88,7 @@ class GenRequest:
     stop: tuple[str, ...] = ()
     n_keep: int | None = None
     spec: Any = None  # speculative decoding (llmedge.speculative.SpecConfig), None: off
+    shift: bool = True  # a full context is shifted (Ollama); False: the reply ends with "length" (OpenAI)
 
 
 class GenTask(Protocol):
@@ -403,7 +404,7 @@ class Scheduler:
             if slot is None:
                 return False
             try:
-                gen = engine.begin(request.ids, request.sampler, request.max_tokens, request.stop, shift=True,
+                gen = engine.begin(request.ids, request.sampler, request.max_tokens, request.stop, shift=request.shift,
                                    n_keep=request.n_keep, cache=pool.cache(slot), spec=request.spec)
             except BaseException:
                 pool.release(slot)
