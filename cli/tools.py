@@ -77,9 +77,14 @@ def _read_text(file: Path) -> str:
 def _perplexity(model: str, text: str, ctx: int, save: Path | None, kv_type: str,
                 threads: int | None, backend: str) -> None:
     from llmedge.api import load
+    from llmedge.errors import LlmedgeError
+    from llmedge.perplexity import check_ctx, save_kld_base
     from llmedge.perplexity import perplexity as compute
-    from llmedge.perplexity import save_kld_base
 
+    try:
+        check_ctx(ctx, "--ctx")  # before loading the model: --ctx 0 would load it, then divide by zero
+    except ValueError as e:
+        raise LlmedgeError(str(e)) from None
     m = load(model, backend=backend, n_ctx=ctx, n_threads=threads, kv_type=kv_type)
 
     def report(i: int, n: int, ppl: float) -> None:

@@ -11,6 +11,7 @@ layout and the statistics live in :mod:`llmedge.kld`).
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,8 +31,20 @@ class PerplexityResult:
     chunk_ppls: list[float]
 
 
+MIN_CTX = 3  # a chunk scores its second half minus its last token: at least one token
+
+
+def check_ctx(n_ctx: object, name: str = "n_ctx") -> int:
+    """``n_ctx`` when it is a usable chunk size (tokens per chunk); ValueError naming it (``name``) and
+    the allowed range otherwise."""
+    if isinstance(n_ctx, bool) or not isinstance(n_ctx, numbers.Integral) or n_ctx < MIN_CTX:
+        raise ValueError(f"{name} (tokens per chunk) must be an integer of at least {MIN_CTX}, not {n_ctx!r}")
+    return int(n_ctx)
+
+
 def text_ids(model, text: str, n_ctx: int) -> list[int]:
-    """The text's tokens, refusing a text shorter than one chunk."""
+    """The text's tokens, refusing a chunk size that scores nothing and a text shorter than one chunk."""
+    check_ctx(n_ctx)
     ids = model.tokenizer.encode(text, add_bos=True, special=False)
     if len(ids) < n_ctx:
         raise LlmedgeError(f"the text has {len(ids)} tokens; at least {n_ctx} are needed for --ctx {n_ctx}")

@@ -17,7 +17,7 @@ import tiny_gguf
 import llmedge
 from llmedge import kld
 from llmedge.errors import LlmedgeError
-from llmedge.perplexity import kl_divergence, save_kld_base
+from llmedge.perplexity import kl_divergence, perplexity, save_kld_base
 from llmedge.quant.gguf_quantize import quantize_gguf
 from llmedge.quant.mix import MixParams, ftype_from_name
 
@@ -157,3 +157,19 @@ def test_cli_saves_a_base_and_prints_llama_perplexity_statistics_with_a_kv_type(
     text.write_text(TEXT[5:], encoding="utf-8")
     p = cli(str(tiny["q4"]), "-f", str(text), "--kl-divergence", "--kl-divergence-base", str(base))
     assert p.returncode == 1 and p.stdout == "" and p.stderr.count("\n") == 1 and "other tokens" in p.stderr
+
+
+@pytest.mark.parametrize("ctx", [0, -5, 1, 2])
+def test_a_chunk_size_that_scores_nothing_is_one_clear_error(tiny, ctx: int) -> None:
+    """--ctx 0 or negative divided by zero (ZeroDivisionError) after loading the model; 2 indexed with a
+    float. Now: ValueError naming n_ctx and the range, and in the CLI one line, exit 1, before loading."""
+    m = load(tiny["f32"])
+    for run in (lambda: perplexity(m, TEXT, ctx), lambda: save_kld_base(m, TEXT, tiny["dir"] / "x.kld", ctx)):
+        with pytest.raises(ValueError, match=rf"n_ctx \(tokens per chunk\) must be an integer of at least 3, not {ctx}"):
+            run()
+    assert not (tiny["dir"] / "x.kld").exists()
+    text = tiny["dir"] / "ctx.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    p = cli(str(tiny["f32"]), "-f", str(text), f"--ctx={ctx}", "--backend", "numpy")
+    assert p.returncode == 1 and p.stdout == "" and p.stderr.count("\n") == 1, p.stderr
+    assert p.stderr == f"Error: --ctx (tokens per chunk) must be an integer of at least 3, not {ctx}\n"
