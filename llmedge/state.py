@@ -95,8 +95,13 @@ def write_state(path: str | os.PathLike[str], state: SequenceState, model_digest
     path = Path(path)
     h = hashlib.sha256()
     directory = path.parent if str(path.parent) else Path(".")
+    if not directory.is_dir():  # else mkstemp's error names its temporary file, not the user's path
+        raise LlmedgeError(f"cannot write state file {path}: no such folder {directory}")
     remove_stale_temps(directory, ".llmedge-state-")  # what a killed save left behind
-    fd, tmp = tempfile.mkstemp(prefix=f".llmedge-state-{os.getpid()}-", dir=directory)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".llmedge-state-{os.getpid()}-", dir=directory)
+    except OSError as e:  # e.g. a read-only folder
+        raise LlmedgeError(f"cannot write state file {path}: {e.strerror or e}") from None
     try:
         with os.fdopen(fd, "wb") as f:
             for part in (_PREFIX.pack(MAGIC, FORMAT_VERSION, len(head)), head):

@@ -320,6 +320,26 @@ def test_states_from_other_models_truncated_or_corrupted_are_refused(fast_models
                    for x, y in zip(before.layers, after.layers))
 
 
+def test_saving_a_state_into_a_missing_folder_names_the_users_path(tmp_path) -> None:
+    """It raised a bare FileNotFoundError naming mkstemp's temporary file."""
+    from llmedge.state import read_state, write_state
+
+    z = np.zeros((2, 4), dtype=np.float16)
+    st = SequenceState([1, 2], "f16", [LayerState(np.array([0, 1], dtype=np.int32), (z,), (z,))])
+    path = tmp_path / "missing" / "seq.llmstate"
+    with pytest.raises(LlmedgeError) as err:
+        write_state(path, st, "sha256:" + "0" * 64, "llama")
+    assert str(err.value) == f"cannot write state file {path}: no such folder {path.parent}"
+    assert not (tmp_path / "missing").exists()
+    inside_a_file = tmp_path / "file.txt"
+    inside_a_file.write_text("x")
+    with pytest.raises(LlmedgeError, match="no such folder"):
+        write_state(inside_a_file / "seq.llmstate", st, "sha256:" + "0" * 64, "llama")
+    ok = tmp_path / "seq.llmstate"  # an existing folder still works
+    assert write_state(ok, st, "sha256:" + "0" * 64, "llama") == ok.stat().st_size
+    assert read_state(ok, None)[0].tokens == [1, 2]
+
+
 # -- several sequences (continuous batching) --------------------------------------------------------
 def _alone(m: Model, ids: list[int], sampler: Sampler, n: int) -> tuple[list[int], dict]:
     m.engine.cache.clear()
