@@ -35,6 +35,7 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from rich.markup import escape
 from rich.segment import Segment
 
+from llmedge.cli.options import parameter_problem
 from llmedge.errors import LlmedgeError
 
 PROMPT = ">>> "
@@ -429,10 +430,9 @@ def parse_parameter(name: str, args: list[str]) -> Any:
         value = kind(args[0])
     except ValueError:
         raise LlmedgeError(f"invalid {kind.__name__} value '{args[0]}' for parameter '{name}'") from None
-    if name == "num_ctx" and value < 8:
-        raise LlmedgeError("num_ctx must be at least 8")
-    if name in ("top_k", "repeat_last_n") and value < -1:
-        raise LlmedgeError(f"{name} must be -1 or more")
+    problem = parameter_problem(name, value)
+    if problem is not None:
+        raise LlmedgeError(f"{name} {problem}")
     return value
 
 
@@ -707,6 +707,8 @@ class ChatSession:
         # -1 (any negative seed) means a random one, as in Ollama; always given, so that a
         # Modelfile's negative seed is not laid over it
         options["seed"] = seed if isinstance(seed, int) and seed >= 0 else None
+        if options.get("num_predict") == -2:  # Ollama's "fill the context": stop where it is full
+            options.update(num_predict=-1, shift=False)
         return options
 
     def prompt_ids(self) -> tuple[list[int], int]:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from llmedge.cli.options import BackendOpt, ModelArg
+from llmedge.cli.options import MIN_CTX, BackendOpt, ModelArg, checked, parameter_problem
 
 Insecure = Annotated[bool, typer.Option("--insecure", help="Allow a registry over plain http.")]
 
@@ -40,6 +40,10 @@ def create(
     except OSError as e:
         raise StoreError(f"cannot read the Modelfile {file}: {e.strerror or e}") from None
     mf = parse(text)
+    for key, value in (mf.config.get("parameters") or {}).items():
+        problem = parameter_problem(key, value)
+        if problem is not None:
+            raise StoreError(f"{file}: PARAMETER {key} {problem}")
     store = Store()
     base = mf.base
     if looks_like_path(base):
@@ -90,7 +94,8 @@ def show(
     modelfile: Annotated[bool, typer.Option("--modelfile", help="Print the model's Modelfile.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the details as JSON.")] = False,
     backend: BackendOpt = "auto",
-    ctx: Annotated[int, typer.Option("--ctx", help="Context size for the KV cache figure.")] = 4096,
+    ctx: Annotated[int, typer.Option("--ctx", help=f"Context size for the KV cache figure (at least {MIN_CTX}).",
+                                     callback=checked("num_ctx"))] = 4096,
     kv_type: Annotated[str, typer.Option("--kv-type", help="KV cache cells: f16, f32 or q8_0.")] = "f16",
 ) -> None:
     """Show a model's architecture, parameters, context length, quantization, template, backend and

@@ -24,6 +24,7 @@ from llmedge.cli.options import (
     LookupOpt,
     ModelArg,
     Threads,
+    checked,
     speculation_options,
 )
 
@@ -33,14 +34,22 @@ def run(
     prompt: Annotated[str | None, typer.Argument(help="The prompt; omit it to chat.")] = None,
     raw: Annotated[bool, typer.Option("--raw", help="Feed the prompt without the chat template.")] = False,
     temperature: Annotated[float | None, typer.Option(help="Sampling temperature; 0 is greedy "
-                                                      "(default 0.8, or the model's).")] = None,
+                                                      "(default 0.8, or the model's).",
+                                                      callback=checked("temperature"))] = None,
     seed: Annotated[int | None, typer.Option(help="Random seed for reproducible sampling "
                                              "(-1, or any negative: a random one).")] = None,
-    num_predict: Annotated[int | None, typer.Option("--num-predict",
-                                                    help="Tokens to generate (-1: until EOS).")] = None,
-    top_k: Annotated[int | None, typer.Option("--top-k")] = None,
-    top_p: Annotated[float | None, typer.Option("--top-p")] = None,
-    min_p: Annotated[float | None, typer.Option("--min-p")] = None,
+    num_predict: Annotated[int | None, typer.Option("--num-predict", callback=checked("num_predict"),
+                                                    help="Tokens to generate (-1: until the end of the text, "
+                                                    "-2: until the context is full).")] = None,
+    top_k: Annotated[int | None, typer.Option("--top-k", callback=checked("top_k"),
+                                              help="Sample from the K most likely tokens (default 40; "
+                                              "0 or -1: all).")] = None,
+    top_p: Annotated[float | None, typer.Option("--top-p", callback=checked("top_p"),
+                                                help="Sample from the most likely tokens whose probabilities "
+                                                "add up to P, 0 to 1 (default 0.95).")] = None,
+    min_p: Annotated[float | None, typer.Option("--min-p", callback=checked("min_p"),
+                                                help="Drop tokens less likely than P times the most likely "
+                                                "one, 0 to 1 (default 0.05).")] = None,
     ctx: Ctx = 4096,
     threads: Threads = None,
     backend: BackendOpt = "auto",
@@ -78,6 +87,8 @@ def run(
     if random_seed:
         options["seed"] = None  # given, so a Modelfile's negative seed is not applied either
     options.update(shift=not no_shift, max_tokens=-1 if num_predict is None else num_predict)
+    if num_predict == -2:  # Ollama's "fill the context": no limit, and stop where the context is full
+        options.update(shift=False, max_tokens=-1)
     if num_predict is None and "num_predict" in (getattr(m, "defaults", None) or {}).get("parameters", {}):
         options.pop("max_tokens")
     if keep is not None:

@@ -103,6 +103,31 @@ def test_a_negative_seed_means_a_random_one(smollm2_path: Path, tmp_path: Path):
         assert res.stdout.strip() and res.stderr == ""
 
 
+@pytest.mark.parametrize(("option", "value"), [
+    ("--ctx", "0"), ("--ctx", "-1"), ("--ctx", "7"), ("--num-predict", "-5"), ("--num-predict", "-3"),
+    ("--temperature", "nan"), ("--temperature", "inf"), ("--temperature", "-0.5"), ("--top-p", "5"),
+    ("--top-p", "-0.1"), ("--min-p", "1.5"), ("--top-k", "-2"),
+])
+def test_bad_sampling_options_are_usage_errors(smollm2_path: Path, tmp_path: Path, option: str, value: str):
+    res = _run([str(smollm2_path), "hi", option, value], tmp_path)
+    assert res.returncode == 2, res.stderr  # as for any other bad option value (--ctx abc)
+    assert res.stdout == "" and "Traceback" not in res.stderr
+    assert f"Error: Invalid value for '{option}': must be " in res.stderr, res.stderr
+
+
+def test_num_predict_minus_two_fills_the_context(smollm2_path: Path, tmp_path: Path):
+    """Ollama's -2: generate until the context is full (and stop there), -1: until the end of the text."""
+    args = [str(smollm2_path), "Count from 1 to 1000:", "--ctx", "64", "--temperature", "0", "--verbose"]
+    fill = _run([*args, "--num-predict", "-2"], tmp_path)
+    assert fill.returncode == 0, fill.stderr
+
+    def count(label: str) -> int:
+        line = next(x for x in fill.stderr.splitlines() if x.startswith(label))
+        return int(line.split(":")[1].split()[0])
+
+    assert count("prompt eval count") + count("eval count") <= 64 + 1
+
+
 def test_unknown_model_is_one_line_error(tmp_path: Path):
     res = _run(["nosuchmodel:7b", "hi"], tmp_path)
     assert res.returncode == 1
@@ -174,6 +199,13 @@ def test_parameters_are_typed():
         parse_parameter("num_predict", ["x"])
     with pytest.raises(LlmedgeError, match="missing value"):
         parse_parameter("top_p", [])
+    for name, bad, why in [("num_ctx", "-5", "at least 8"), ("num_ctx", "0", "at least 8"),
+                           ("num_predict", "-5", "-1 .until the end"), ("temperature", "nan", "finite"),
+                           ("top_p", "5", "between 0 and 1"), ("min_p", "-1", "between 0 and 1"),
+                           ("typical_p", "inf", "finite"), ("repeat_penalty", "nan", "finite")]:
+        with pytest.raises(LlmedgeError, match=f"^{name} must be .*{why}"):
+            parse_parameter(name, [bad])
+    assert parse_parameter("num_predict", ["-2"]) == -2 and parse_parameter("seed", ["-1"]) == -1
 
 
 # -- the chat, headless ----------------------------------------------------------------------------

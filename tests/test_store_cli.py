@@ -225,3 +225,13 @@ def test_a_modelfile_seed_of_minus_one_means_a_random_one(populated: Path) -> No
     (populated / "Random").write_text("FROM tiny\nPARAMETER seed -1\nPARAMETER temperature 1\n")
     ok(llmedge_cmd(populated, "create", "random", "-f", str(populated / "Random")))
     assert ok(llmedge_cmd(populated, "run", "random", "hi the sky")).strip()
+
+
+@pytest.mark.parametrize(("line", "why"), [("num_ctx -5", "num_ctx must be at least 8"),
+                                           ("num_predict -5", "num_predict must be -1"),
+                                           ("temperature nan", "temperature must be a finite number"),
+                                           ("top_p 5", "top_p must be between 0 and 1")])
+def test_create_refuses_out_of_range_parameters(populated: Path, line: str, why: str) -> None:
+    (populated / "Bad").write_text(f"FROM tiny\nPARAMETER {line}\n")
+    one_line_error(llmedge_cmd(populated, "create", "bad", "-f", str(populated / "Bad")), f"PARAMETER {why}")
+    assert sorted(p.name for p in (populated / "store" / "manifests").iterdir()) == ["tiny"]
