@@ -653,14 +653,11 @@ class ChatSession:
 
     def info(self) -> str:
         """``/show info``: the model block Ollama prints, plus what this session runs with."""
-        from collections import Counter
-
         m = self.model
         g = m.gguf
         arch = g.architecture
         n_params = sum(t.n_elements for t in g.tensors.values())
-        types = Counter(t.type_name for t in g.tensors.values())
-        quant = max((t for t in types if t != "F32"), key=lambda t: types[t], default="F32")
+        quant = g.file_type  # general.file_type's name, as llama.cpp and Ollama show it, else the commonest type
         rows = {
             "architecture": arch,
             "parameters": f"{n_params / 1e9:.2f}B" if n_params >= 1e9 else f"{n_params / 1e6:.2f}M",

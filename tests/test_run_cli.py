@@ -374,3 +374,14 @@ def test_live_view_renders_only_the_tail_never_from_inside_a_code_block():
     code = "intro\n\n```python\n" + "\n\n".join(f"x{i} = {i}" for i in range(50)) + "\n```\n\nafter\n\nend"
     assert _tail_source(code, 10).startswith("```python\n")  # blank lines in code are not block starts
     assert _tail_source("short\n\ntext", 10) == "short\n\ntext"
+
+
+def test_show_info_names_the_file_type_not_the_commonest_tensor_type(gemma3_path: Path, tmp_path: Path):
+    import llmedge
+    from llmedge.gguf import FILE_TYPES, GGUFFile
+
+    g = GGUFFile(gemma3_path)
+    want = FILE_TYPES[g.metadata["general.file_type"]]
+    m = llmedge.load(str(gemma3_path), n_ctx=256)
+    s, _ = _session(m, tmp_path)
+    assert f"    {'quantization':<20}{want}\n" in s.info()
