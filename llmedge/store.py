@@ -481,6 +481,8 @@ class Store:
         if found is None:
             self.derive(dst_full, src, {})  # a model of the Ollama store, linked in place
             return
+        if found[0] == dst_full:
+            raise StoreError(f"cannot copy '{found[0]}' onto itself")
         data = self._read_manifest(found[1], found[0])
         model = data["model"]
         if not self.blob_path(model["digest"]).is_file():

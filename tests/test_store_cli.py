@@ -235,3 +235,18 @@ def test_create_refuses_out_of_range_parameters(populated: Path, line: str, why:
     (populated / "Bad").write_text(f"FROM tiny\nPARAMETER {line}\n")
     one_line_error(llmedge_cmd(populated, "create", "bad", "-f", str(populated / "Bad")), f"PARAMETER {why}")
     assert sorted(p.name for p in (populated / "store" / "manifests").iterdir()) == ["tiny"]
+
+
+def test_cp_onto_itself_is_refused_and_help_says_where_a_path_works(populated: Path) -> None:
+    manifest = next((populated / "store" / "manifests" / "tiny").iterdir())
+    before = manifest.read_bytes()
+    for dst in ("tiny", "tiny:latest"):
+        one_line_error(llmedge_cmd(populated, "cp", "tiny", dst), "cannot copy 'tiny:latest' onto itself")
+    assert manifest.read_bytes() == before
+    for verb in ("pull", "rm", "cp"):
+        assert ".gguf path" not in ok(llmedge_cmd(populated, verb, "--help"))
+    assert ".gguf path" in ok(llmedge_cmd(populated, "run", "--help"))
+    help_run = ok(llmedge_cmd(populated, "run", "--help", env={"COLUMNS": "200"}))
+    for opt in ("--top-k", "--top-p", "--min-p"):
+        line = next(x for x in help_run.splitlines() if opt in x)
+        assert len(line.split(opt, 1)[1].strip()) > 20, line
