@@ -16,7 +16,7 @@ from llmedge.gguf import GGUFFile
 from llmedge.kvcache import check_kv_type
 from llmedge.modelcheck import check_model_file
 from llmedge.models import model_class
-from llmedge.sampling import Sampler, SamplingOptions
+from llmedge.sampling import Sampler, SamplingOptions, check_int, check_real
 from llmedge.speculative import DEFAULT_DRAFT_MAX, DEFAULT_LOOKUP_NGRAM, DEFAULT_P_MIN, DraftModel, SpecConfig
 from llmedge.template import ChatTemplate
 from llmedge.tokenizer import Tokenizer
@@ -32,6 +32,7 @@ class Model:
                  kv_type: str = "f16", n_batch: int = 512, name: str | None = None,
                  prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES) -> None:
         t0 = time.perf_counter_ns()
+        n_ctx, n_threads = _check_load_args(n_ctx, n_threads)
         check_kv_type(kv_type)
         self.path = Path(path)
         self.name = name or self.path.name
@@ -126,14 +127,25 @@ class Model:
         """Speculative decoding options as the engine takes them (None: off). ``lookup``: prompt lookup
         decoding with n-grams up to that size (True: 3); ``draft_model``: a :class:`Model`, or a name
         or path loaded once with this model's backend and context (same vocabulary required)."""
-        n = DEFAULT_LOOKUP_NGRAM if lookup is True else int(lookup or 0)
+        if lookup is True:
+            n = DEFAULT_LOOKUP_NGRAM
+        elif lookup is None or lookup is False:
+            n = 0
+        else:
+            n = check_int("lookup", lookup, 0, "the n-gram size; True: 3; 0, False or None: off")
+        if draft_max is not None:
+            draft_max = check_int("draft_max", draft_max, 0)
+        if draft_min is not None:
+            draft_min = check_int("draft_min", draft_min, 0)
+        if draft_p_min is not None:
+            draft_p_min = check_real("draft_p_min", draft_p_min, 0.0, 1.0)
         draft = self.draft(draft_model) if draft_model else None
         if not n and draft is None:
             return None
         return SpecConfig(lookup=n, draft=draft,
-                          draft_max=DEFAULT_DRAFT_MAX if draft_max is None else int(draft_max),
-                          draft_min=0 if draft_min is None else int(draft_min),
-                          p_min=DEFAULT_P_MIN if draft_p_min is None else float(draft_p_min)).check()
+                          draft_max=DEFAULT_DRAFT_MAX if draft_max is None else draft_max,
+                          draft_min=0 if draft_min is None else draft_min,
+                          p_min=DEFAULT_P_MIN if draft_p_min is None else draft_p_min).check()
 
     def draft(self, model: Any) -> DraftModel:
         """The :class:`DraftModel` for ``model`` (a loaded Model, a name or a path), made once."""
@@ -226,6 +238,7 @@ def load(model: str | Path, backend: str = "auto", n_ctx: int = 4096, n_threads:
     """Load a catalog name, a store name or a path to a ``.gguf`` file (pulling a catalog name if needed)."""
     from llmedge.store import Store
 
+    n_ctx, n_threads = _check_load_args(n_ctx, n_threads)  # before anything is resolved or pulled
     check_kv_type(kv_type)
     store = Store(insecure=insecure)  # insecure: a registry may be pulled from over plain http
     path = store.resolve(str(model), pull=pull, progress=progress)
@@ -236,3 +249,10 @@ def load(model: str | Path, backend: str = "auto", n_ctx: int = 4096, n_threads:
 
         apply(m, config)
     return m
+
+
+def _check_load_args(n_ctx: Any, n_threads: Any) -> tuple[int, int | None]:
+    """``n_ctx`` (0: the model's training context) and ``n_threads`` (None or 0: the backend's default)
+    as ints; OptionError (a ValueError) naming the argument and its range otherwise."""
+    return (check_int("n_ctx", n_ctx, 0, "0: the model's training context"),
+            check_int("n_threads", n_threads, 0, "None or 0: the backend's default", none_ok=True))

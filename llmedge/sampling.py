@@ -1,23 +1,71 @@
 """Token sampling: a chain of small pure steps over logits and one seeded generator per request.
 
 The order follows llama.cpp's default chain: penalties, top-k, typical, top-p, min-p, temperature,
-then a draw. A temperature of 0 (or below) is greedy: the argmax of the raw logits, nothing else.
+then a draw. A temperature of 0 is greedy: the argmax of the raw logits, nothing else.
 Each step takes and returns ``(ids, logits)`` restricted to the surviving candidates.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+
+from llmedge.errors import LlmedgeError
 
 Candidates = tuple[np.ndarray, np.ndarray]  # (token ids, float64 logits), same length
 
 
+class OptionError(LlmedgeError, ValueError):
+    """An argument or option of the wrong type or outside its range; the message names it and the range."""
+
+
+def _shown(value: Any) -> str:
+    return repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+
+
+def check_int(name: str, value: Any, low: int, what: str = "", none_ok: bool = False) -> int | None:
+    """``value`` as an int when it is an integer >= ``low`` (None too with ``none_ok``); else OptionError
+    naming ``name``, the range and what the range means (``what``)."""
+    if value is None and none_ok:
+        return None
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= low:
+        return int(value)
+    none = " or None" if none_ok else ""
+    raise OptionError(f"{name} must be an integer >= {low}{none}{f' ({what})' if what else ''}, not {_shown(value)}")
+
+
+def check_real(name: str, value: Any, low: float, high: float | None = None, low_open: bool = False,
+               what: str = "") -> float:
+    """``value`` as a float when it is a finite number in the range (``low`` excluded with ``low_open``);
+    else OptionError naming ``name`` and the range."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        v = float(value)
+        if math.isfinite(v) and (v > low if low_open else v >= low) and (high is None or v <= high):
+            return v
+    if high is not None:
+        span = f" in {'(' if low_open else '['}{low:g}, {high:g}]"
+    elif low == -math.inf:
+        span = ""
+    else:
+        span = f" {'>' if low_open else '>='} {low:g}"
+    raise OptionError(f"{name} must be a finite number{span}{f' ({what})' if what else ''}, not {_shown(value)}")
+
+
 @dataclass
 class SamplingOptions:
-    """The options a request may set, with Ollama's names and llama.cpp's defaults."""
+    """The options a request may set, with Ollama's names and llama.cpp's defaults.
+
+    Ranges (checked on construction, OptionError otherwise): temperature >= 0 (0: greedy); top_k an
+    integer >= -1 (0 or -1: no limit); top_p, min_p and typical_p in [0, 1] (top_p and typical_p 1,
+    min_p 0: off); repeat_penalty > 0 (1: off); repeat_last_n an integer >= -1 (0: no penalties, -1:
+    the whole history); presence_penalty and frequency_penalty finite; seed an integer or None
+    (None or negative: a random seed, stored as None).
+    """
 
     temperature: float = 0.8
     top_k: int = 40
@@ -29,6 +77,20 @@ class SamplingOptions:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     seed: int | None = None
+
+    def __post_init__(self) -> None:
+        self.temperature = check_real("temperature", self.temperature, 0.0, what="0 is greedy")
+        self.top_k = check_int("top_k", self.top_k, -1, "0 or -1: no limit")
+        for name in ("top_p", "min_p", "typical_p"):
+            setattr(self, name, check_real(name, getattr(self, name), 0.0, 1.0))
+        self.repeat_penalty = check_real("repeat_penalty", self.repeat_penalty, 0.0, low_open=True,
+                                         what="1 is no penalty")
+        self.repeat_last_n = check_int("repeat_last_n", self.repeat_last_n, -1, "-1: the whole history")
+        for name in ("presence_penalty", "frequency_penalty"):
+            setattr(self, name, check_real(name, getattr(self, name), -math.inf))
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral)):
+            raise OptionError(f"seed must be an integer or None (negative: random), not {_shown(self.seed)}")
+        self.seed = None if self.seed is None or self.seed < 0 else int(self.seed)
 
 
 def apply_penalties(logits: np.ndarray, history: Sequence[int], repeat: float, presence: float,

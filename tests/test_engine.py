@@ -472,3 +472,90 @@ def test_slot_pool_picks_the_free_slot_sharing_the_longest_prefix() -> None:
     assert c not in (a, b)
     assert pool.acquire([1, 2]) == a
     assert pool.acquire([1]) is None and pool.n_busy == 3
+
+
+# -- argument validation at the API boundary ---------------------------------------------------------
+BAD_SAMPLING = [
+    ("temperature", "hot", "temperature must be a finite number >= 0 (0 is greedy), not 'hot'"),
+    ("temperature", float("nan"), "temperature must be a finite number >= 0"),
+    ("temperature", -0.5, "temperature must be a finite number >= 0"),
+    ("top_p", 2, "top_p must be a finite number in [0, 1], not 2"),
+    ("min_p", -1, "min_p must be a finite number in [0, 1], not -1"),
+    ("typical_p", 1.5, "typical_p must be a finite number in [0, 1]"),
+    ("top_k", -5, "top_k must be an integer >= -1 (0 or -1: no limit), not -5"),
+    ("top_k", "40", "top_k must be an integer >= -1"),
+    ("repeat_penalty", 0, "repeat_penalty must be a finite number > 0 (1 is no penalty), not 0"),
+    ("repeat_penalty", float("inf"), "repeat_penalty must be a finite number > 0"),
+    ("repeat_last_n", -2, "repeat_last_n must be an integer >= -1"),
+    ("presence_penalty", float("nan"), "presence_penalty must be a finite number, not nan"),
+    ("seed", "abc", "seed must be an integer or None (negative: random), not 'abc'"),
+    ("seed", 1.5, "seed must be an integer or None"),
+]
+
+
+@pytest.mark.parametrize(("name", "value", "message"), BAD_SAMPLING)
+def test_bad_sampling_options_are_one_clear_value_error(name: str, value: object, message: str) -> None:
+    """They were accepted (top_p=2, top_k=-5, NaN, negative temperature) or failed deep inside the
+    sampler with a raw TypeError/ValueError."""
+    with pytest.raises(ValueError) as err:
+        SamplingOptions(**{name: value})
+    assert str(err.value).startswith(message) and isinstance(err.value, LlmedgeError)
+
+
+def test_valid_sampling_options_keep_their_meaning() -> None:
+    """What the CLI, chat, Modelfiles and the server pass stays accepted: 0 and -1 for top_k and
+    repeat_last_n, the bounds of the probabilities, negative presence/frequency penalties, numpy
+    numbers; a negative seed means a random one (it raised in numpy's default_rng)."""
+    o = SamplingOptions(temperature=0, top_k=0, top_p=1, min_p=0, typical_p=0.0, repeat_penalty=1.1,
+                        repeat_last_n=-1, presence_penalty=-1.5, frequency_penalty=2, seed=np.int64(7))
+    assert (o.temperature, o.top_k, o.top_p, o.seed) == (0.0, 0, 1.0, 7) and Sampler(o).greedy
+    assert SamplingOptions(top_k=-1, repeat_last_n=0, seed=0).seed == 0
+    o = SamplingOptions(seed=-1)
+    assert o.seed is None
+    logits = np.linspace(0.0, 1.0, 50).astype(np.float32)
+    draws = {Sampler(SamplingOptions(seed=-1, temperature=5.0, top_k=0, min_p=0.0)).sample(logits) for _ in range(20)}
+    assert len(draws) > 1  # random, not one fixed seed
+    seeded = [Sampler(SamplingOptions(seed=3)).sample(logits) for _ in range(3)]
+    assert len(set(seeded)) == 1
+    assert SamplingOptions() == SamplingOptions(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=None)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Model:
+    import tiny_gguf
+
+    path = tiny_gguf.write_tiny_llama(tmp_path_factory.mktemp("api") / "tiny.gguf", seed=1)
+    return Model(path, backend="numpy", n_ctx=64)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"n_ctx": "abc"}, "n_ctx must be an integer >= 0 (0: the model's training context), not 'abc'"),
+    ({"n_ctx": -5}, "n_ctx must be an integer >= 0 (0: the model's training context), not -5"),
+    ({"n_ctx": 4096.0}, "n_ctx must be an integer >= 0"),
+    ({"n_threads": -1}, "n_threads must be an integer >= 0 or None (None or 0: the backend's default), not -1"),
+    ({"n_threads": "4"}, "n_threads must be an integer >= 0 or None"),
+])
+def test_bad_load_arguments_are_one_clear_value_error(tiny_model: Model, kwargs: dict, message: str) -> None:
+    """n_ctx=-5 silently became the training context; "abc" and n_threads=-1 failed deep inside. The
+    check comes first: load() neither resolves nor pulls the name."""
+    for make in (lambda: llmedge.load("no-such-model-anywhere:1b", pull=False, **kwargs),
+                 lambda: Model(tiny_model.path, backend="numpy", **kwargs)):
+        with pytest.raises(ValueError) as err:
+            make()
+        assert str(err.value).startswith(message)
+
+
+def test_bad_generation_and_speculation_options_are_refused_before_generating(tiny_model: Model) -> None:
+    m = tiny_model
+    for options, message in (({"temperature": "hot"}, "temperature must be"), ({"seed": "abc"}, "seed must be"),
+                             ({"top_p": 2}, "top_p must be"), ({"lookup": "x"}, "lookup must be an integer >= 0"),
+                             ({"lookup": -2}, "lookup must be an integer >= 0"),
+                             ({"lookup": 2, "draft_max": "many"}, "draft_max must be an integer >= 0"),
+                             ({"lookup": 2, "draft_p_min": 2.0}, "draft_p_min must be a finite number in [0, 1]")):
+        with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+            m.generate("hi", max_tokens=2, **options)
+    assert m.spec_config(lookup=False) is None and m.spec_config(lookup=0) is None
+    assert m.spec_config(lookup=True).lookup == 3 and m.spec_config(lookup=np.int64(2)).lookup == 2
+    assert m.n_ctx == 64 and Model(m.path, backend="numpy", n_ctx=0).n_ctx == m.params.n_ctx_train
+    got = [c.token for c in m.generate("hi", max_tokens=3, temperature=0, seed=-1, top_k=-1)]
+    assert len(got) >= 1
