@@ -23,4 +23,4 @@ fuzz_seconds=${LLMEDGE_FUZZ_SECONDS:-12}
 if [ "$fuzz_seconds" != 0 ]; then
     fuzz/run.sh "$fuzz_seconds"
 fi
-exec .venv/bin/python -m pytest -q --durations=15 "$@"
+exec .venv/bin/python -m pytest -q --durations=15 "$@" </dev/null  # no test waits on an inherited stdin pipe
