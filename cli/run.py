@@ -10,6 +10,9 @@ except with ``--raw``. Without a prompt, stdin and stdout both terminals, the ch
 
 from __future__ import annotations
 
+import io
+import os
+import stat
 import sys
 from typing import Annotated
 
@@ -142,14 +145,25 @@ def prompt_with_stdin(prompt: str | None) -> str | None:
     (``</dev/null``) leaves the prompt as it is rather than adding a space in front. Without a prompt
     argument, stdin is the prompt when it is piped in or when the answer is redirected (one answer,
     no chat)."""
-    if not sys.stdin.isatty():
+    if prompt is None:
+        if not (sys.stdin.isatty() and sys.stdout.isatty()):
+            return sys.stdin.read()  # piped in, or the answer is redirected: one answer, no chat
+        return None
+    if _stdin_is_pipe_or_file():
         piped = sys.stdin.read()
-        if prompt is None:
-            return piped
         return f"{piped} {prompt}" if piped else prompt
-    if prompt is None and not sys.stdout.isatty():
-        return sys.stdin.read()
     return prompt
+
+
+def _stdin_is_pipe_or_file() -> bool:
+    """Whether stdin is a pipe or a regular file (``cmd | llmedge run M P``, ``< notes.txt``): what is
+    read before a prompt argument. A terminal, /dev/null, a socket or a stdin with no file (an
+    embedding program's, pytest's) is not read, so a prompt argument never waits on an open stdin."""
+    try:
+        mode = os.fstat(sys.stdin.fileno()).st_mode
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISREG(mode)
 
 
 class _Stdout:
