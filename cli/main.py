@@ -13,6 +13,7 @@ from llmedge.cli import imatrix as imatrix_cmd
 from llmedge.cli import models as models_cmds
 from llmedge.cli import quantize as quantize_cmd
 from llmedge.cli import run as run_cmd
+from llmedge.cli import running as running_cmds
 from llmedge.cli import serve as serve_cmd
 from llmedge.cli import tools as tools_cmds
 
@@ -32,6 +33,8 @@ app.command("ls", hidden=True)(models_cmds.list_models)
 app.command("rm")(models_cmds.rm)
 app.command("cp")(models_cmds.cp)
 app.command("create")(models_cmds.create)
+app.command("ps")(running_cmds.ps)
+app.command("stop")(running_cmds.stop)
 app.command("tokenize")(tools_cmds.tokenize)
 app.command("bench")(bench_cmd.bench)
 app.command("perplexity")(tools_cmds.perplexity)

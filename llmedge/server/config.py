@@ -50,6 +50,15 @@ def env_int(name: str, default: int) -> int:
 
 
 def _host_port(host: str, c: ServerConfig) -> None:
+    try:
+        _parse_host_port(host, c)
+    except ValueError:
+        raise LlmedgeError(f"LLMEDGE_HOST={host!r} is not HOST, HOST:PORT, :PORT or [IPV6]:PORT") from None
+    if not 0 < c.port < 65536:
+        raise LlmedgeError(f"LLMEDGE_HOST={host!r}: port {c.port} is out of range (1-65535)")
+
+
+def _parse_host_port(host: str, c: ServerConfig) -> None:
     if host.startswith("http://"):
         host = host[len("http://"):]
     if host.startswith("[") and "]" in host:
@@ -95,6 +104,17 @@ def config_from_env(**overrides: Any) -> ServerConfig:
         if v is not None:
             setattr(c, k, v)
     return c
+
+
+def client_url() -> str:
+    """The base URL at which a client on this machine reaches ``llmedge serve``: LLMEDGE_HOST's address
+    and port (default 127.0.0.1:11434), a wildcard bind address (0.0.0.0, ::) read as loopback."""
+    c = ServerConfig()
+    host = os.environ.get("LLMEDGE_HOST", "").strip()
+    if host:
+        _host_port(host, c)
+    h = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(c.host, c.host)
+    return f"http://[{h}]:{c.port}" if ":" in h else f"http://{h}:{c.port}"
 
 
 SPECULATIVE_OPTIONS = ("lookup", "draft_max", "draft_min")  # Ollama options (llama.cpp's names), out of sampling
