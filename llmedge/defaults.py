@@ -25,6 +25,26 @@ def is_go_template(source: str) -> bool:
     return bool(_GO_ACTION.search(source))
 
 
+def template_problem(source: str) -> str | None:
+    """Why a TEMPLATE being created cannot work (it does not parse: Go's syntax, or Jinja's in the
+    sandbox), else None. As Ollama's create refuses a Go template that does not parse. A Go template
+    that parses in Go but uses what llmedge does not run ({{template}}, {{define}}, {{block}}) passes:
+    at load it falls back to the GGUF's template, and `template_origin` says so."""
+    from .gotemplate import GoTemplateError, parse
+    from .template import ChatTemplate
+
+    if not source.strip():
+        return None
+    if is_go_template(source):
+        try:
+            parse(source)
+        except GoTemplateError as e:
+            return None if str(e).endswith("is not supported") else str(e)
+        return None
+    error = ChatTemplate(source).error
+    return None if error is None else str(error)
+
+
 def generation_options(config: dict[str, Any]) -> dict[str, Any]:
     """The PARAMETERs that are generation options (num_ctx and the like are load-time settings)."""
     params = config.get("parameters") or {}

@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from .defaults import template_problem
 from .errors import StoreError
 
 INT_PARAMS = {"num_ctx", "num_predict", "num_keep", "top_k", "seed", "repeat_last_n", "mirostat",
@@ -110,6 +111,10 @@ def parse(text: str) -> Modelfile:
             elif command == "LICENSE":
                 config.setdefault("license", []).append(value)
             else:
+                if command == "TEMPLATE":
+                    problem = template_problem(value)
+                    if problem is not None:
+                        raise _err(i + 1, f"TEMPLATE: {problem}")
                 config[command.lower()] = value
         else:
             raise _err(i + 1, f"unknown command {command!r}")

@@ -110,8 +110,16 @@ def test_a_go_template_is_rendered_by_the_server(env: dict[str, Any]) -> None:
     assert shown.template == GO_TEMPLATE
 
 
-def test_a_template_that_does_not_parse_falls_back_to_the_gguf_template(env: dict[str, Any]) -> None:
-    bad = env["client"].create(model="badtmpl", from_="terse", template="{{ range .Messages }}{{ .Content }")
+def test_a_template_that_does_not_parse_is_refused_and_one_llmedge_cannot_run_falls_back(
+        env: dict[str, Any]) -> None:
+    import ollama
+
+    with pytest.raises(ollama.ResponseError) as err:
+        env["client"].create(model="badtmpl", from_="terse", template="{{ range .Messages }}{{ .Content }")
+    assert err.value.status_code == 400 and err.value.error.startswith("template: go template: "), err.value.error
+    # Go runs {{template}}, llmedge does not: created, and chats use the GGUF's template
+    bad = env["client"].create(model="badtmpl", from_="terse",
+                               template='{{ template "t" . }}{{ range .Messages }}{{ .Content }}{{ end }}')
     assert bad.status == "success"
     r = env["client"].generate(model="badtmpl", prompt="why?")  # falls back to the GGUF's template
     want = expected_ids(env["local"], [{"role": "system", "content": SYSTEM}, *HISTORY,

@@ -79,10 +79,12 @@ def test_create_copy_delete_through_the_ollama_client(env: dict) -> None:
         client.delete("mine2")
     assert err.value.status_code == 404
     for bad in ({"adapters": {"a.gguf": digest}, "from_": "up"}, {"from_": "/etc/passwd"},
-                {"files": {"x.gguf": "sha256:" + "0" * 64}}, {"from_": "up", "parameters": {"nope": 1}}):
+                {"files": {"x.gguf": "sha256:" + "0" * 64}}, {"from_": "up", "parameters": {"nope": 1}},
+                {"from_": "up", "template": "{{ if .System }}{{ .System }"}, {"from_": "up", "template": "{% for m in x %}"}):
         with pytest.raises(ollama.ResponseError) as err:
             client.create(model="bad", **bad)
         assert err.value.status_code == 400, bad
+        assert "template" not in bad or err.value.error.startswith("template: "), err.value.error
     assert "bad:latest" not in [m.model for m in client.list().models]
 
 

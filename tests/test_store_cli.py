@@ -180,11 +180,19 @@ def test_show_says_whether_the_models_go_template_is_used(populated: Path) -> No
     out = ok(llmedge_cmd(populated, "show", "good"))
     assert "template used       modelfile (the model's Go template, rendered as Ollama does)" in out
     assert ok(llmedge_cmd(populated, "show", "good", "--template")).startswith("{{ range .Messages }}")
+    # one Go would refuse is refused at create, as Ollama's create does, and nothing is stored
     bad = populated / "Bad"
     bad.write_text('FROM tiny\nTEMPLATE "{{ range .Messages }}{{ .Content }}"\n')
+    one_line_error(llmedge_cmd(populated, "create", "bad", "-f", str(bad)),
+                   "Modelfile line 2: TEMPLATE: go template: unclosed {{range}}")
+    bad.write_text('FROM tiny\nTEMPLATE "{% if messages %}"\n')
+    one_line_error(llmedge_cmd(populated, "create", "bad", "-f", str(bad)), "TEMPLATE: chat template does not compile")
+    assert "bad:latest" not in ok(llmedge_cmd(populated, "list"))
+    # one Go runs but llmedge does not ({{template}}) is kept, and chats use the GGUF's template
+    bad.write_text('FROM tiny\nTEMPLATE "{{ template \\"x\\" . }}{{ range .Messages }}{{ .Content }}{{ end }}"\n')
     ok(llmedge_cmd(populated, "create", "bad", "-f", str(bad)))
     out = ok(llmedge_cmd(populated, "show", "bad"))
-    assert "template used       gguf (the model's Go template does not render: go template: unclosed" in out
+    assert "template used       gguf (the model's Go template does not render: go template: {{template}} is not" in out
 
 
 def test_create_refuses_a_truncated_gguf(tmp_path: Path) -> None:

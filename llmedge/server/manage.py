@@ -10,6 +10,7 @@ import os
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from llmedge.defaults import template_problem
 from llmedge.errors import StoreError
 from llmedge.modelfile import merge, parse, render, typed_parameter
 from llmedge.server.errors import BadRequest
@@ -32,6 +33,9 @@ def _config(body: dict[str, Any]) -> dict[str, Any]:
             if not isinstance(body[key], str):
                 raise BadRequest(f"{key} must be a string")
             config[key] = body[key]
+    problem = template_problem(config.get("template") or "")
+    if problem is not None:
+        raise BadRequest(f"template: {problem}")
     lic = body.get("license")
     if lic is not None:
         config["license"] = [lic] if isinstance(lic, str) else [str(x) for x in lic]
