@@ -309,15 +309,33 @@ def test_openai_reply_that_fills_the_context_ends_with_length_instead_of_shiftin
     """At a full context the Ollama routes shift it (drop half the history) and go on, as Ollama does; the
     OpenAI routes end the reply with finish_reason "length", as OpenAI and llama.cpp's server do."""
     prompt = "hello " * 4
-    gen(url, prompt="", keep_alive=0)  # unload, so the next request loads at num_ctx 64
-    ol = gen(url, prompt=prompt, raw=True, options={"num_ctx": 64, "num_predict": 120, "temperature": 0})
-    assert ol.status_code == 200, ol.text
-    o = ol.json()
-    assert o["prompt_eval_count"] + o["eval_count"] > 64, o  # greedy tokens run past the context: shifted
-    r = gen(url, "/v1/completions", prompt=prompt, max_tokens=120, temperature=0)
-    assert r.status_code == 200, r.text
-    body = r.json()
-    assert body["choices"][0]["finish_reason"] == "length", body
-    # the last token is sampled from a full context of 64 and never stored: 65 in all, not 120 + prompt
-    assert body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"] == 65, body["usage"]
-    gen(url, prompt="", keep_alive=0)
+    with running_server(parallel=1, num_ctx=64) as small:  # OpenAI requests run at the server's context
+        ol = gen(small, prompt=prompt, raw=True, options={"num_predict": 120, "temperature": 0})
+        assert ol.status_code == 200, ol.text
+        o = ol.json()
+        assert o["prompt_eval_count"] + o["eval_count"] > 64, o  # greedy tokens run past the context: shifted
+        r = gen(small, "/v1/completions", prompt=prompt, max_tokens=120, temperature=0)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["choices"][0]["finish_reason"] == "length", body
+        # the last token is sampled from a full context of 64 and never stored: 65 in all, not 120 + prompt
+        assert body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"] == 65, body["usage"]
+
+
+def test_a_request_without_num_ctx_does_not_inherit_an_earlier_requests_small_context(url: str) -> None:
+    """Found by QA: after an Ollama request loaded the model with num_ctx 64, OpenAI requests (which
+    cannot set num_ctx) ran at 64 and refused a 100-token prompt. Now the model is loaded again at the
+    server's default context (here the tiny model's 256), as Ollama reloads; a larger loaded context
+    is kept (no reload)."""
+    unload(url)
+    assert gen(url, options={"num_ctx": 64, "num_predict": 1}).status_code == 200
+    assert [m["context_length"] for m in httpx.get(url + "/api/ps").json()["models"]] == [64]
+    prompt = [5] * 100
+    r = gen(url, "/v1/completions", prompt=prompt, max_tokens=1)
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 100, r.text
+    r = gen(url, prompt="hello " * 100, raw=True, options={"num_predict": 1})  # Ollama's, no num_ctx: not cut to 64
+    assert r.status_code == 200 and r.json()["prompt_eval_count"] > 64, r.text
+    assert [m["context_length"] for m in httpx.get(url + "/api/ps").json()["models"]] == [256]
+    assert gen(url, options={"num_ctx": 64, "num_predict": 1}).status_code == 200  # an explicit one still wins
+    assert [m["context_length"] for m in httpx.get(url + "/api/ps").json()["models"]] == [64]
+    unload(url)

@@ -262,9 +262,16 @@ class Scheduler:
             return sorted(self.loaded.values(), key=lambda m: -m.last_used)
 
     def _fits(self, job: Job, cur: Loaded) -> bool:
-        want_ctx = job.num_ctx or self.num_ctx
-        return cur.path == job.path and not (job.num_ctx and cur.num_ctx != min(
-            want_ctx, cur.model.params.n_ctx_train))
+        """Whether the loaded ``cur`` serves ``job`` as it is: the same file, at the job's num_ctx; a job
+        without one (OpenAI's routes, Ollama requests without the option) takes the server's default
+        context or a larger one already loaded, so an earlier request's small num_ctx is not imposed on
+        it (the model is loaded again, as Ollama does)."""
+        if cur.path != job.path:
+            return False
+        n_train = cur.model.params.n_ctx_train
+        if job.num_ctx:
+            return cur.num_ctx == min(job.num_ctx, n_train)
+        return cur.num_ctx >= min(self.num_ctx, n_train)
 
     def _can_ensure(self, job: Job) -> bool:
         """Whether ``job``'s model can be made ready now without unloading one that sequences use."""
