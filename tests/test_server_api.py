@@ -169,6 +169,9 @@ def test_openai_chat_completions_streaming_and_not(base_url: str) -> None:
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert chunks[-2].choices[0].finish_reason in ("stop", "length") and chunks[-1].choices == []
     assert 0 < chunks[-1].usage.completion_tokens <= 12
+    # the same prompt again: its prefix comes from the slot's cache, and usage says how much of it
+    used = chunks[-1].usage
+    assert used.prompt_tokens == r.usage.prompt_tokens and 0 < used.prompt_tokens_details.cached_tokens < used.prompt_tokens
 
 
 def test_openai_completions_models_and_json_schema(base_url: str) -> None:

@@ -69,6 +69,7 @@ class GenerationResult:
     total_duration: int
     load_duration: int
     prompt_eval_count: int = 0  # the whole prompt as evaluated (cut to the context), cached prefix included
+    prompt_cached: int = 0  # of which reused from a cache, not evaluated (OpenAI's cached_tokens)
     prompt_eval_duration: int = 0
     eval_count: int = 0
     eval_duration: int = 0
@@ -210,9 +211,10 @@ class GenerationTask:
             self.stats[k] = self.stats.get(k, 0) + v
         # Ollama's prompt_eval_count: the whole prompt (as cut to the context), its cached prefix included;
         # t.prompt_eval_count (the tokens evaluated, what the metrics count) leaves the cached prefix out
-        whole = t.prompt_eval_count + int(t.extra.get("prompt_cached", 0))
+        cached = int(t.extra.get("prompt_cached", 0))
         return self._result(job, loaded.model, request.ids, done_reason=t.done_reason or "stop",
-                            prompt_eval_count=whole, prompt_eval_duration=t.prompt_eval_duration,
+                            prompt_eval_count=t.prompt_eval_count + cached, prompt_cached=cached,
+                            prompt_eval_duration=t.prompt_eval_duration,
                             eval_count=t.eval_count, eval_duration=t.eval_duration, out_ids=out_ids,
                             records=request.sampler.records, speculative=speculative)
 

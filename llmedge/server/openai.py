@@ -146,8 +146,11 @@ def response_schema(fmt: Any) -> Any:
     raise BadRequest(f"unsupported response_format type {kind!r}")
 
 
-def usage(prompt: int, completion: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+def usage(result: GenerationResult) -> dict[str, Any]:
+    """OpenAI's usage object; ``cached_tokens``: the prompt's prefix reused from a cache, not evaluated."""
+    prompt, completion = result.n_prompt, result.eval_count
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": min(result.prompt_cached, prompt)}}
 
 
 def finish_reason(done_reason: str) -> str:
@@ -284,10 +287,10 @@ class _OpenAIRenderer(GenerationRenderer):
     def usage_chunk(self, result: GenerationResult) -> list[Any]:
         if not self.include_usage:
             return []
-        return [{**self.head(self.obj), "choices": [], "usage": usage(result.n_prompt, result.eval_count)}]
+        return [{**self.head(self.obj), "choices": [], "usage": usage(result)}]
 
     def answer(self, obj: str, choice: dict[str, Any], result: GenerationResult) -> dict[str, Any]:
-        return {**self.head(obj), "choices": [choice], "usage": usage(result.n_prompt, result.eval_count)}
+        return {**self.head(obj), "choices": [choice], "usage": usage(result)}
 
 
 class ChatRenderer(_OpenAIRenderer):
