@@ -849,6 +849,12 @@ class GoChatTemplate(ChatTemplate):
         self._tool_use = None
         self.parsed = parse(source)
 
+    def render_reply(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                     **extra: Any) -> str:
+        """As Ollama: a last assistant message is continued by the template itself (Ollama's templates
+        leave the last assistant turn open; legacy ones are cut after its .Response)."""
+        return self.render(messages, True, tools, **extra)
+
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                tools: list[dict[str, Any]] | None = None, **extra: Any) -> str:
         """The prompt as Ollama writes it (its templates always end with the assistant's header)."""

@@ -516,6 +516,18 @@ class ChatTemplate:
         except Exception as e:  # noqa: BLE001 - any failure inside a template is one clear error
             raise TemplateError(_line(f"chat template failed to render: {type(e).__name__}: {e}")) from None
 
+    def render_reply(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                     **extra: Any) -> str:
+        """The prompt a reply to ``messages`` starts from: ``render`` with the generation prompt, except
+        when the last message is the assistant's own text (no tool calls, no thinking asked): then the
+        reply continues that text (assistant prefill, as llama.cpp's server does it): the messages before
+        it with the generation prompt, then the text, with no end of turn."""
+        last = messages[-1] if isinstance(messages, list) and len(messages) > 1 else None
+        if (isinstance(last, dict) and last.get("role") == "assistant" and isinstance(last.get("content"), str)
+                and last["content"] and not last.get("tool_calls") and not extra.get("enable_thinking")):
+            return self.render(messages[:-1], True, tools, **extra) + last["content"]
+        return self.render(messages, True, tools, **extra)
+
     def _render(self, variables: dict[str, Any]) -> str:
         """Render with the output streamed and counted, under the watchdog."""
         assert self._template is not None

@@ -174,6 +174,25 @@ def test_openai_chat_completions_streaming_and_not(base_url: str) -> None:
     assert used.prompt_tokens == r.usage.prompt_tokens and 0 < used.prompt_tokens_details.cached_tokens < used.prompt_tokens
 
 
+def test_a_last_assistant_message_is_continued(base_url: str, smollm2_path: Path) -> None:
+    """Assistant prefill, as llama.cpp's server does it: the reply continues the assistant's words, and
+    equals a raw generation from the user turn's prompt followed by those words."""
+    import llmedge
+
+    words = "The capital of France is"
+    msgs = [{"role": "user", "content": "What is the capital of France?"}, {"role": "assistant", "content": words}]
+    prompt = llmedge.load(str(smollm2_path), n_ctx=256).apply_chat_template(msgs[:1]) + words
+    raw = httpx.post(base_url + "/api/generate", json={"model": MODEL, "prompt": prompt, "raw": True, "stream": False,
+                                                        "options": {"temperature": 0, "num_predict": 8}}, timeout=60).json()
+    oa = httpx.post(base_url + "/v1/chat/completions", json={"model": MODEL, "messages": msgs, "max_tokens": 8,
+                                                             "temperature": 0}, timeout=60).json()
+    ol = httpx.post(base_url + "/api/chat", json={"model": MODEL, "messages": msgs, "stream": False,
+                                                  "options": {"temperature": 0, "num_predict": 8}}, timeout=60).json()
+    assert "Paris" in raw["response"]
+    assert oa["choices"][0]["message"]["content"] == ol["message"]["content"] == raw["response"]
+    assert oa["usage"]["prompt_tokens"] == raw["prompt_eval_count"]
+
+
 def test_openai_completions_models_and_json_schema(base_url: str) -> None:
     import openai
 

@@ -239,3 +239,18 @@ def test_sandbox_rejects_escapes_it_can_only_see_while_rendering(source: str) ->
     ct = ChatTemplate(source)
     with pytest.raises(TemplateError, match="sandbox violation"):
         ct.render([{"role": "user", "content": "x"}], name="__class__")
+
+
+def test_render_reply_continues_a_last_assistant_message() -> None:
+    t = ChatTemplate(CHATML_TEMPLATE)
+    user = [{"role": "user", "content": "hi"}]
+    start = t.render(user)
+    assert t.render_reply(user) == start
+    assert t.render_reply([*user, {"role": "assistant", "content": "Hello, I"}]) == start + "Hello, I"
+    # not a prefill: an empty text, a tool call, thinking asked for, or an assistant message alone
+    for last, extra in (({"role": "assistant", "content": ""}, {}),
+                        ({"role": "assistant", "content": "x", "tool_calls": [{"function": {"name": "f"}}]}, {}),
+                        ({"role": "assistant", "content": "x"}, {"enable_thinking": True})):
+        assert t.render_reply([*user, last], **extra) == t.render([*user, last], **extra)
+    alone = [{"role": "assistant", "content": "x"}]
+    assert t.render_reply(alone) == t.render(alone)

@@ -148,8 +148,8 @@ class GenerationTask:
         if req.kind == "chat":
             if not req.messages:
                 return []
-            text = model.template.render(self._messages(model), True,
-                                         req.tools if self.tools_shown else None, **extra)
+            text = model.template.render_reply(self._messages(model), req.tools if self.tools_shown else None,
+                                               **extra)
         else:
             if not req.prompt:
                 return []
