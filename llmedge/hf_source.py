@@ -72,6 +72,10 @@ def repo_files(repo: str, revision: str) -> tuple[dict[str, str | None], bool]:
     from huggingface_hub import constants as hf_constants
 
     if not hf_constants.HF_HUB_OFFLINE:
+        unreachable = _unreachable(hf_constants.ENDPOINT)
+        if unreachable:
+            raise StoreError(f"hf.co/{repo}: cannot reach {hf_constants.ENDPOINT} ({unreachable}); "
+                             "set HF_HUB_OFFLINE=1 to use the Hugging Face cache") from None
         try:
             entries = HfApi().list_repo_tree(repo, revision=revision, recursive=True)
             out: dict[str, str | None] = {}
@@ -87,6 +91,30 @@ def repo_files(repo: str, revision: str) -> tuple[dict[str, str | None], bool]:
     except Exception:  # noqa: BLE001
         raise StoreError(f"hf.co/{repo} is not in the Hugging Face cache and HF_HUB_OFFLINE is set") from None
     return {p.relative_to(folder).as_posix(): None for p in folder.rglob("*") if p.is_file()}, True
+
+
+def _unreachable(endpoint: str) -> str | None:
+    """Why the Hub at `endpoint` cannot be reached at all (connection refused, no such host, no
+    route), else None. huggingface_hub retries such errors for ~24 s with a warning line per try,
+    which only delays the one line an offline user needs; timeouts and HTTP errors are left to it."""
+    import errno
+    import socket
+    import urllib.error
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=10).close()
+    except urllib.error.URLError as e:
+        reason = e.reason  # a string for an HTTP error: the Hub answered
+        if isinstance(reason, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(reason, socket.gaierror):
+            return "no such host"
+        if isinstance(reason, OSError) and reason.errno in (errno.ENETUNREACH, errno.EHOSTUNREACH):
+            return "no route to host"
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 def _hf_reason(e: BaseException) -> str:

@@ -128,6 +128,22 @@ def test_missing_repo_and_wrong_quant_are_one_line(tmp_path: Path, hub) -> None:
         assert p.returncode == 1 and p.stderr.count("\n") == 1 and text in p.stderr, p.stderr
 
 
+def test_an_unreachable_hub_is_one_line_at_once(tmp_path: Path) -> None:
+    import socket
+    import time
+
+    with socket.socket() as s:  # a loopback port nobody listens on: connection refused
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    for args in (("pull", f"hf.co/{REPO}:q4_k_m"), ("convert", f"hf.co/{REPO}", "-o", str(tmp_path / "x.gguf"))):
+        start = time.monotonic()
+        p = cli(tmp_path, url, *args)
+        assert time.monotonic() - start < 15, "retried a refused connection"  # huggingface_hub's: ~24 s
+        assert p.returncode == 1 and p.stderr.count("\n") == 1, p.stderr
+        assert "cannot reach" in p.stderr and "connection refused" in p.stderr and "HF_HUB_OFFLINE" in p.stderr
+    assert not (tmp_path / "store" / "manifests").exists() and not (tmp_path / "x.gguf").exists()
+
+
 def test_a_real_model_pulled_from_the_hub_runs(tmp_path: Path, smollm2_path: Path) -> None:
     repo = "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF"
     h = FakeHub(repos={repo: {"smollm2-135m-instruct-q4_1.gguf": smollm2_path, "README.md": b"hi"}})
