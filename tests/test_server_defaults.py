@@ -9,6 +9,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 from test_server_api import running_server
 from tiny_gguf import write_tiny_llama
@@ -158,3 +159,22 @@ def test_openai_completions_use_the_models_num_predict_when_max_tokens_is_unset(
     assert 1 <= r.usage.completion_tokens <= 3  # PARAMETER num_predict 3, not OpenAI's 16
     r = client.completions.create(model="terse", prompt="why?", max_tokens=16, stop=["\x00never"])
     assert r.usage.completion_tokens > 3  # the request's max_tokens wins
+
+
+def test_a_generate_request_s_own_template_replaces_the_models(env: dict[str, Any]) -> None:
+    """Ollama's /api/generate `template`: a Go template over .System, .Prompt (and .Response), used for
+    this request in place of the model's; the prompt is the raw text it renders."""
+    import ollama
+
+    client = env["client"]
+    mine = client.generate(model="terse", prompt="why?", system="S!", template="<{{ .System }}|{{ .Prompt }}>")
+    # the model's MESSAGEs are turns of their own (Ollama appends {{ .Response }} to a template without it)
+    text = f"<S!|{HISTORY[0]['content']}>{HISTORY[1]['content']}<|why?>"
+    raw = client.generate(model="terse", prompt=text, raw=True)
+    assert mine.prompt_eval_count == raw.prompt_eval_count and mine.response == raw.response
+    assert mine.context[:mine.prompt_eval_count] == env["local"].tokenize(text, add_bos=True, special=True)
+    with pytest.raises(ollama.ResponseError) as err:
+        client.generate(model="terse", prompt="x", template="{{ .Prompt }")
+    assert err.value.status_code == 400 and err.value.error == "template: go template: unclosed action"
+    r = httpx.post(env["url"] + "/api/generate", json={"model": "terse", "prompt": "x", "template": 5})
+    assert r.status_code == 400 and r.json()["error"] == "template must be a string"

@@ -38,6 +38,7 @@ class GenerationRequest:
     prompt: str | list[int] = ""
     system: str | None = None
     context: list[int] = field(default_factory=list)
+    template: str | None = None  # /api/generate's own Go template, in place of the model's
     sampling: dict[str, Any] = field(default_factory=dict)
     max_tokens: int | None = None
     default_max_tokens: int | None = None  # when neither the request nor the model's num_predict says
@@ -153,8 +154,14 @@ class GenerationTask:
         else:
             if not req.prompt:
                 return []
-            text = model.template.render(generate_messages(model.defaults, str(req.prompt), req.system,
-                                                           not req.context), True, None, **extra)
+            template = model.template
+            if req.template:
+                from llmedge.gotemplate import GoChatTemplate
+
+                template = GoChatTemplate(req.template, bos_token=template.bos_token, eos_token=template.eos_token,
+                                          tokenizer=model.tokenizer, name="request")
+            text = template.render(generate_messages(model.defaults, str(req.prompt), req.system, not req.context),
+                                   True, None, **extra)
         self.starts_thinking = bool(req.think) and opens_thinking(text)
         ids = model.template.prompt_ids(text)
         if req.context and ids and ids[0] == model.tokenizer.bos_id:

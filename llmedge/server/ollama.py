@@ -253,14 +253,22 @@ def generate_request(body: dict[str, Any], name: str, key: str, path: Any) -> An
         raise Unsupported(f"'{name}' does not support insert (suffix)")
     if body.get("images"):
         raise Unsupported(f"'{name}' does not support images")
-    if body.get("template"):
-        raise BadRequest("a per-request template is not supported; the model's chat template is used")
+    template = body.get("template") or None
+    if template is not None:
+        from llmedge.gotemplate import GoTemplateError, parse
+
+        if not isinstance(template, str):
+            raise BadRequest("template must be a string")
+        try:
+            parse(template)  # refused now, before a model is loaded for it
+        except GoTemplateError as e:
+            raise BadRequest(f"template: {e}") from None
     context = body.get("context") or []
     if not isinstance(context, list) or any(isinstance(t, bool) or not isinstance(t, int) for t in context):
         raise BadRequest("context must be an array of token ids")
     raw = flag(body, "raw", False)
     req = GenerationRequest(name, key, path, "raw" if raw else "generate", prompt=prompt, system=system,
-                            context=list(context))
+                            context=list(context), template=template)
     _common(body, req)
     return req
 
