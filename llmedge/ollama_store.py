@@ -123,9 +123,29 @@ class OllamaStore:
             path = self._manifest_file(full)
         except StoreError:
             return None
-        if not self.root.is_dir() or not path.is_file():
+        if not self.root.is_dir():
             return None
+        if not path.is_file():
+            path = self._case_insensitive(path)
+            if path is None:
+                return None
         return self._load(full, path)
+
+    def _case_insensitive(self, path: Path) -> Path | None:
+        """The manifest file whose path matches `path` (all lowercase) but for case: Ollama keeps
+        the name as it was typed (`hf.co/bartowski/Llama-3.2-1B-Instruct-GGUF/Q4_K_M`) and matches
+        it in any case."""
+        base = self.root / "manifests"
+        found = base
+        for part in path.relative_to(base).parts:
+            try:
+                hits = sorted(e for e in os.listdir(found) if e.lower() == part)
+            except OSError:
+                return None
+            if not hits:
+                return None
+            found = found / hits[0]
+        return found if found.is_file() else None
 
     def _load(self, full: str, path: Path) -> HeldModel | None:
         try:
@@ -151,18 +171,20 @@ class OllamaStore:
         base = self.root / "manifests"
         if not base.is_dir():
             return []
-        out = []
-        for path in base.glob("*/*/*/*"):
+        out: dict[str, HeldModel] = {}
+        for path in sorted(base.glob("*/*/*/*")):
             if not path.is_file():
                 continue
-            host, ns, model, tag = path.relative_to(base).parts
+            parts = path.relative_to(base).parts
+            host, ns, model, tag = parts
             try:
                 full = normalize_name(f"{host}/{ns}/{model}:{tag}")
-                if self._manifest_file(full) != path:
+                # Ollama keeps a name in the case it was typed (`hf.co/bartowski/X-GGUF/Q4_K_M`): any case
+                if self._manifest_file(full).relative_to(base).parts != tuple(p.lower() for p in parts):
                     continue
             except StoreError:
                 continue
-            held = self._load(full, path)
+            held = None if full in out else self._load(full, path)
             if held is not None:
-                out.append(held)
-        return sorted(out, key=lambda h: h.name)
+                out[full] = held
+        return sorted(out.values(), key=lambda h: h.name)

@@ -101,3 +101,22 @@ def test_bad_layer_digests_are_not_followed(tmp_path: Path, ollama_dir: Path) ->
     assert [e.name for e in store.list()] == ["someone/other:latest"]
     with pytest.raises(StoreError, match="not found"):
         store.resolve("tiny:1b")
+
+
+def test_names_ollama_kept_in_their_typed_case_are_found_in_any_case(tmp_path: Path, ollama_dir: Path) -> None:
+    src = ollama_dir / "manifests/registry.ollama.ai/library/tiny/1b"
+    for path in ("hf.co/bartowski/SmolLM2-135M-Instruct-GGUF/Q4_K_M", "registry.ollama.ai/Someone/Mixed/Latest"):
+        f = ollama_dir / "manifests" / path  # as `ollama pull hf.co/bartowski/SmolLM2-135M-Instruct-GGUF:Q4_K_M`
+        f.parent.mkdir(parents=True)
+        f.write_text(src.read_text())
+    before = snapshot(ollama_dir)
+    store = Store(tmp_path / "store", ollama_root=ollama_dir)
+    names = [e.name for e in store.list()]
+    assert "hf.co/bartowski/smollm2-135m-instruct-gguf:q4_k_m" in names and "someone/mixed:latest" in names
+    for name in ("hf.co/bartowski/SmolLM2-135M-Instruct-GGUF:Q4_K_M", "hf.co/bartowski/smollm2-135m-instruct-gguf:q4_k_m",
+                 "someone/mixed", "SOMEONE/MIXED:LATEST"):
+        assert store.resolve(name) == store.resolve("tiny:1b"), name
+    assert store.config("someone/mixed")["system"] == "You are tiny."
+    store.copy("hf.co/bartowski/SmolLM2-135M-Instruct-GGUF:Q4_K_M", "mine")
+    assert store.resolve("mine").resolve() == store.resolve("tiny:1b")
+    assert snapshot(ollama_dir) == before
