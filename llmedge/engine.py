@@ -15,6 +15,7 @@ states can be saved and loaded.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
@@ -44,6 +45,11 @@ MIN_STASH_TOKENS = 16  # a sequence losing fewer cached tokens than this is not 
 # 1.00-1.13x (the same work as plain decoding while batched); benchmarks/server_concurrency.py
 # --lookup measures it end to end. Alone, a sequence speculates as before.
 SPECULATE_MAX_SEQUENCES = 1
+# One model evaluation at a time in this process: the native kernels' thread pool is process-wide and
+# runs one job at a time, and a sequence's cache and the prefix LRU are plain Python objects. Held
+# around every forward and every step of :meth:`Engine.generate` (never while a chunk is yielded), so
+# models used from several threads take turns instead of racing.
+RUN_LOCK = threading.RLock()
 
 
 @dataclass
@@ -365,6 +371,8 @@ class Engine:
         self.n_evaluated = 0  # tokens run through the model by this engine (all caches), for accounting
         self.n_shifts = 0
         self.slots: SlotPool | None = None  # a server's sequence slots (slot 0 is ``cache``)
+        self._streaming: set[int] = set()  # ids of the caches an unfinished generate() streams in
+        self._spare: list[SequenceCache] = []  # caches of generate() calls that overlapped another
 
     def slot_pool(self, n: int) -> SlotPool:
         """The server's ``n`` sequence slots (made on first use, or again when ``n`` changes while idle)."""
@@ -412,6 +420,10 @@ class Engine:
         """Evaluate ``ids`` after what ``cache`` holds; logits of every row from ``first_row`` on
         (``all_logits``) or of the last one only. Rows before ``first_row`` still extend the cache,
         but the output head (a large share of a prompt's work on big vocabularies) skips them."""
+        with RUN_LOCK:
+            return self._forward(cache, ids, all_logits, first_row)
+
+    def _forward(self, cache: SequenceCache, ids: Sequence[int], all_logits: bool, first_row: int) -> np.ndarray:
         n_vocab = self.model.params.n_vocab
         for t in ids:
             if not 0 <= t < n_vocab:
@@ -599,6 +611,10 @@ class Engine:
     def _forward_batches(self, batches: list[Batch]) -> list[np.ndarray]:
         """One forward over ``batches``; row-exact ones on a backend without a row-exact multi-row
         path run their rows one at a time (each then is a one-row decode)."""
+        with RUN_LOCK:
+            return self._forward_batches_locked(batches)
+
+    def _forward_batches_locked(self, batches: list[Batch]) -> list[np.ndarray]:
         model = self.model
         if any(b.row_exact for b in batches) and not getattr(model, "row_exact_batches", False):
             out = []
@@ -619,14 +635,43 @@ class Engine:
         A full context is shifted (``n_keep`` tokens kept, default: BOS if present) unless ``shift``
         is False, in which case generation stops with done_reason ``length``. ``spec``: speculative
         decoding (prompt lookup and/or a draft model), exact at temperature 0.
+
+        Several may stream at once (iterators interleaved, or threads): the first streams in the
+        active sequence, each one overlapping it in a cache of its own, and their steps take turns
+        (:data:`RUN_LOCK`), so every stream gets the tokens it would get alone.
         """
-        gen = self.begin(ids, sampler, max_tokens, stop, shift, n_keep, spec=spec)
-        self.last = gen.timings
-        while not gen.done:
-            (chunks,) = self.step([gen])
-            if gen.error is not None:
-                raise gen.error
-            yield from chunks
+        with RUN_LOCK:
+            cache = self._claim_cache()
+            try:
+                gen = self.begin(ids, sampler, max_tokens, stop, shift, n_keep, cache=cache, spec=spec)
+            except BaseException:
+                self._release_cache(cache)
+                raise
+            self.last = gen.timings
+        try:
+            while not gen.done:
+                with RUN_LOCK:
+                    (chunks,) = self.step([gen])
+                if gen.error is not None:
+                    raise gen.error
+                yield from chunks
+        finally:  # also when the iterator is closed or dropped unfinished
+            with RUN_LOCK:
+                self._release_cache(cache)
+
+    def _claim_cache(self) -> SequenceCache:
+        """The active sequence's cache for a new generate() or, while another unfinished generate()
+        streams in it, a spare one (kept for the next overlap once its generation ends)."""
+        cache = self.cache
+        if id(cache) in self._streaming:
+            cache = self._spare.pop() if self._spare else self.new_cache()
+        self._streaming.add(id(cache))
+        return cache
+
+    def _release_cache(self, cache: SequenceCache) -> None:
+        self._streaming.discard(id(cache))
+        if cache is not self.cache:
+            self._spare.append(cache)
 
     # -- state files -----------------------------------------------------------------------------
     def save_state(self, path: str | Path, model_digest: str, architecture: str,

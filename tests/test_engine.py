@@ -559,3 +559,41 @@ def test_bad_generation_and_speculation_options_are_refused_before_generating(ti
     assert m.n_ctx == 64 and Model(m.path, backend="numpy", n_ctx=0).n_ctx == m.params.n_ctx_train
     got = [c.token for c in m.generate("hi", max_tokens=3, temperature=0, seed=-1, top_k=-1)]
     assert len(got) >= 1
+
+
+def test_generations_interleaved_or_in_threads_each_get_their_tokens_alone(tiny_model: Model) -> None:
+    """Two unfinished generate() streams of one model (iterators consumed in turn, or two threads)
+    shared its one sequence cache: each evaluated its tokens into the other's context and both came
+    out garbled, silently. Now the second streams in a cache of its own and the steps take turns."""
+    import threading
+
+    m = tiny_model
+    prompts = ["hi the sky", "a blue sky is the"]
+    options = {"max_tokens": 20, "temperature": 0, "seed": 1}
+    alone = [[c.token for c in m.generate(p, **options)] for p in prompts]
+    assert alone[0] != alone[1] and min(map(len, alone)) == 20
+    streams = [m.generate(p, **options) for p in prompts]
+    both = [[a.token, b.token] for a, b in zip(*streams)]
+    assert [list(t) for t in zip(*both)] == alone
+    streams = [m.generate(p, **options) for p in prompts]
+    next(streams[0])  # the first one holds the active sequence, unfinished, while others run and end
+    for _ in range(2):
+        assert [c.token for c in m.generate(prompts[1], **options)] == alone[1]
+    assert [alone[0][0]] + [c.token for c in streams[0]] == alone[0]
+
+    got: dict[int, list[int]] = {}
+    turn = threading.Barrier(2, timeout=60)
+
+    def run(i: int) -> None:
+        got[i] = []
+        for c in m.generate(prompts[i], **options):
+            got[i].append(c.token)
+            turn.wait()  # one token each in turn: the two streams' steps interleave
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [got[0], got[1]] == alone
+    assert len(m.engine._spare) == 1 and not m.engine._streaming  # one spare cache, reused, all released
