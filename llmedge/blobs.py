@@ -202,13 +202,16 @@ class BlobDir:
         becomes visible, and a partial file that fails the check is discarded."""
         hexd = parse_digest(digest)
         blob, part = self.blob(digest), self.partial(digest)
-        self.path.mkdir(parents=True, exist_ok=True)
-        with locked(part.with_name(part.name + ".lock")):
-            if blob.is_file() and (size is None or blob.stat().st_size == size):
-                report(blob.stat().st_size)
-                _drop_ranges(part.with_name(part.name + STATE_SUFFIX))  # a pull killed after its rename left it
-            else:
-                self._complete(f"sha256:{hexd}", size, fill, report)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            with locked(part.with_name(part.name + ".lock")):
+                if blob.is_file() and (size is None or blob.stat().st_size == size):
+                    report(blob.stat().st_size)
+                    _drop_ranges(part.with_name(part.name + STATE_SUFFIX))  # a pull killed after its rename left it
+                else:
+                    self._complete(f"sha256:{hexd}", size, fill, report)
+        except OSError as e:  # a read-only or full disk (network errors arrive as StoreError)
+            raise StoreError(f"cannot write into the model store's blobs {self.path}: {e.strerror or e}") from None
         with contextlib.suppress(OSError):  # also when a killed pull left it after the rename
             part.with_name(part.name + ".lock").unlink()
         return blob

@@ -522,7 +522,10 @@ class Store:
 
     # -- helpers ----------------------------------------------------------------------------
     def _temp_blob(self) -> Path:
-        fd, name = tempfile.mkstemp(dir=self.blobs_dir, prefix=f"{_PARTIAL_PREFIX}{os.getpid()}-")
+        try:
+            fd, name = tempfile.mkstemp(dir=self.blobs_dir, prefix=f"{_PARTIAL_PREFIX}{os.getpid()}-")
+        except OSError as e:  # a read-only or full store: name the store, not mkstemp's file
+            raise StoreError(f"cannot write into the model store {self.root}: {e.strerror or e}") from None
         os.close(fd)
         return Path(name)
 

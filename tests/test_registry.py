@@ -110,6 +110,34 @@ def test_a_wrong_digest_leaves_nothing_visible(tmp_path: Path, registry, gguf: b
     assert store.list() == [] and [p.name for p in store.blobs_dir.iterdir() if not p.name.endswith(".lock")] == []
 
 
+def test_a_disk_that_fills_up_midway_is_one_line_and_the_next_pull_resumes(tmp_path: Path, registry, gguf: bytes,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    import llmedge.registry as reg_mod
+
+    real = reg_mod.sequential_fill
+
+    def full_disk(read, size):
+        def fill(part: Path, report) -> None:
+            with open(part, "ab") as out:
+                out.write(next(read(0, None))[:1000])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return fill
+
+    reg = registry()
+    reg.add_model("library/tiny", "1", gguf)
+    store = store_at(tmp_path)
+    monkeypatch.setattr(reg_mod, "sequential_fill", full_disk)
+    with pytest.raises(StoreError) as e:
+        store.pull(f"{reg.host}/library/tiny:1")
+    assert str(e.value) == f"cannot write into the model store's blobs {store.blobs_dir}: No space left on device"
+    assert store.list() == []
+    monkeypatch.setattr(reg_mod, "sequential_fill", real)
+    assert store.pull(f"{reg.host}/library/tiny:1").read_bytes() == gguf
+    assert [r for path, r in reg.requests if "/blobs/" in path][-1] == "bytes=1000-"  # resumed
+
+
 def test_a_missing_tag_is_one_line(tmp_path: Path, registry, gguf: bytes) -> None:
     reg = registry()
     reg.add_model("library/tiny", "1", gguf)

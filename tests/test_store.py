@@ -576,6 +576,31 @@ def test_create_refuses_a_truncated_gguf_in_one_line(tmp_path: Path) -> None:
     assert not (tmp_path / "store" / "blobs").exists() or not list((tmp_path / "store" / "blobs").iterdir())
 
 
+def test_a_store_that_refuses_new_files_is_one_line_naming_it(tmp_path: Path, index: FakeIndex, tiny,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+    import tempfile
+
+    entry, _, _ = tiny
+    store = make_store(tmp_path / "store", entry)
+    store._ensure_dirs()
+    real = tempfile.mkstemp
+
+    def read_only(*args, **kwargs):
+        if Path(kwargs.get("dir", "")) == store.blobs_dir:
+            raise OSError(errno.EROFS, "Read-only file system", str(store.blobs_dir / ".partial-1-x"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkstemp", read_only)
+    src = tmp_path / "m.gguf"
+    write_gguf(src, 4)
+    for act in (lambda: store.pull("tiny:1b"), lambda: store.create("mine", src)):
+        with pytest.raises(StoreError) as e:
+            act()
+        assert str(e.value) == f"cannot write into the model store {store.root}: Read-only file system"
+    assert store.list() == [] and files_under(tmp_path / "store") == []
+
+
 def test_resolve_a_path(tmp_path: Path) -> None:
     store = Store(tmp_path / "store", catalog={})
     gguf = tmp_path / "local.gguf"
