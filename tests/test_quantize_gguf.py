@@ -189,3 +189,44 @@ def test_a_bad_tensor_type_regex_is_one_clean_line(tiny: dict[str, Path], tmp_pa
     with pytest.raises(ValueError, match="bad tensor-type pattern"):  # the library's own check
         quantize_gguf(tiny["f16"], out, MixParams("Q8_0", tensor_types=[("attn_(q", T.Q4_0)]))
     assert not out.exists()
+
+
+def test_imatrix_cli_refuses_bad_arguments_before_the_work_and_writes_atomically(
+        tiny: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A missing output folder, the model itself or a folder as the output, --ctx below the 16 rows
+    llama-imatrix needs, --chunks 0: one line each and nothing written (they failed after the work
+    with a raw FileNotFoundError, or wrote an imatrix of 0 entries). A failed write keeps the old file."""
+    import os
+
+    import numpy
+
+    from llmedge.quant.imatrix_collect import ImatrixStats, write_imatrix_gguf
+
+    text = tmp_path / "cal.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 40)
+    out = tmp_path / "im.gguf"
+    for args, want in (((f"-o{tmp_path / 'missing' / 'im.gguf'}",), "output folder"),
+                       ((f"-o{tmp_path}",), "is a folder"), ((f"-o{tiny['f32']}",), "is the input file"),
+                       (("--ctx", "0", f"-o{out}"), "--ctx must be at least 16"),
+                       (("--chunks", "0", f"-o{out}"), "--chunks must be at least 1")):
+        r = subprocess.run([sys.executable, "-m", "llmedge.cli.main", "imatrix", str(tiny["f32"]), "-f", str(text),
+                            "--ctx", "16", *args], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 1 and r.stderr.count("\n") == 1 and want in r.stderr, (args, r.stderr)
+    assert not out.exists() and sha256(tiny["f32"]) == MIXES["inputs_sha256"]["f32"]
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tiny_gguf import write_tiny_llama as write_runnable  # a vocabulary that spells any text
+
+    model = write_runnable(tmp_path / "model.gguf", seed=2)
+    r = subprocess.run([sys.executable, "-m", "llmedge.cli.main", "imatrix", str(model), "-f", str(text),
+                        "--ctx", "16", "--chunks", "-1", "-o", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and load_imatrix(out).chunk_count >= 2, r.stderr  # negative: every chunk
+    old = out.read_bytes()
+
+    def disk_error(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", disk_error)
+    stats = ImatrixStats(sums={"blk.0.attn_q.weight": numpy.ones(4, numpy.float32)}, counts={"blk.0.attn_q.weight": 1})
+    with pytest.raises(OSError):
+        write_imatrix_gguf(out, stats, ["x"])
+    assert out.read_bytes() == old and sorted(p.name for p in tmp_path.iterdir()) == ["cal.txt", "im.gguf", "model.gguf"]
