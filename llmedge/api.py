@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import numbers
+import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +18,13 @@ from llmedge.gguf import GGUFFile
 from llmedge.kvcache import check_kv_type
 from llmedge.modelcheck import check_model_file
 from llmedge.models import model_class
-from llmedge.sampling import Sampler, SamplingOptions, check_int, check_real
+from llmedge.sampling import OptionError, Sampler, SamplingOptions, _shown, check_int, check_real
 from llmedge.speculative import DEFAULT_DRAFT_MAX, DEFAULT_LOOKUP_NGRAM, DEFAULT_P_MIN, DraftModel, SpecConfig
 from llmedge.template import ChatTemplate
 from llmedge.tokenizer import Tokenizer
 
 _SAMPLING_FIELDS = set(SamplingOptions.__dataclass_fields__)
+_LOAD_OPTIONS = {"num_ctx": "n_ctx", "num_thread": "n_threads"}  # Ollama options that are load arguments here
 SPEC_FIELDS = ("draft_model", "lookup", "draft_max", "draft_min", "draft_p_min")  # speculative decoding
 
 
@@ -33,6 +36,7 @@ class Model:
                  prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES) -> None:
         t0 = time.perf_counter_ns()
         n_ctx, n_threads = _check_load_args(n_ctx, n_threads)
+        n_batch = check_int("n_batch", n_batch, 1, "tokens evaluated per forward")
         check_kv_type(kv_type)
         self.path = Path(path)
         self.name = name or self.path.name
@@ -47,7 +51,7 @@ class Model:
         if n_ctx <= 0:
             n_ctx = self.params.n_ctx_train
         if n_ctx < 8:
-            raise LlmedgeError(f"a context of {n_ctx} tokens is too small")
+            raise OptionError(f"n_ctx {n_ctx} is too small: a context needs at least 8 tokens")
         self.n_ctx = min(n_ctx, self.params.n_ctx_train)
         self.engine = Engine(self.model, self.tokenizer, self.n_ctx, n_batch, kv_type,
                              load_duration=time.perf_counter_ns() - t0, prefix_cache_bytes=prefix_cache_bytes)
@@ -62,7 +66,7 @@ class Model:
         return self.tokenizer.encode(text, add_bos=add_bos, special=special)
 
     def detokenize(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(ids))
+        return self.tokenizer.decode(token_ids("ids", ids))
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         return self.template.render(messages, add_generation_prompt=add_generation_prompt)
@@ -70,7 +74,7 @@ class Model:
     def prompt_ids(self, prompt: str | Sequence[int], raw: bool = False) -> list[int]:
         """Token ids for a prompt: a chat-templated user message unless ``raw`` or already ids."""
         if not isinstance(prompt, str):
-            return [int(t) for t in prompt]
+            return token_ids("prompt", prompt, "a str or a sequence of integer token ids")
         if raw:
             return self.tokenize(prompt, add_bos=True, special=True)
         return self.template.encode(self._with_defaults([{"role": "user", "content": prompt}]))
@@ -88,7 +92,8 @@ class Model:
         on (default: all), in a fresh context. The earlier positions are evaluated but skip the
         output head, which is most of a prompt's work on large vocabularies (perplexity scores only
         the second half of each chunk)."""
-        return self.engine.logits([int(t) for t in ids], first_row=first_row)
+        first_row = check_int("first_row", first_row, 0)
+        return self.engine.logits(token_ids("ids", ids), first_row=first_row)
 
     def generate(self, prompt: str | Sequence[int], raw: bool = False, max_tokens: int = 128,
                  stop: Sequence[str] = (), shift: bool = True, **options: Any) -> Iterator[Chunk]:
@@ -105,20 +110,26 @@ class Model:
             options = {**{k: v for k, v in generation_options(self.defaults).items() if k not in given}, **options}
             if "stop" in options:
                 stop = options.pop("stop")
+        max_name = "max_tokens"
         if "num_predict" in options:
-            max_tokens = options.pop("num_predict")
-        n_keep = options.pop("num_keep", None)
+            max_name, max_tokens = "num_predict", options.pop("num_predict")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, numbers.Integral):
+            raise OptionError(f"{max_name} must be an integer (negative: no limit), not {_shown(max_tokens)}")
+        keep_name, n_keep = "num_keep", options.pop("num_keep", None)
         if "n_keep" in options:
-            n_keep = options.pop("n_keep")
+            keep_name, n_keep = "n_keep", options.pop("n_keep")
+        n_keep = check_int(keep_name, n_keep, -1, "tokens kept when the context shifts; -1 or None: the "
+                           "default", none_ok=True)
         spec_given = {k: options.pop(k) for k in SPEC_FIELDS if k in options}
         unknown = set(options) - _SAMPLING_FIELDS
         if unknown:
-            raise LlmedgeError(f"unknown generation option(s): {', '.join(sorted(unknown))}")
+            hints = [f"{o} is set at load: llmedge.load(..., {_LOAD_OPTIONS[o]}=)" for o in sorted(unknown)
+                     if o in _LOAD_OPTIONS]
+            raise OptionError(f"unknown generation option(s): {', '.join(sorted(unknown))}"
+                              + (f" ({'; '.join(hints)})" if hints else ""))
         spec = self.spec_config(**{**self.speculation, **spec_given})
         sampler = Sampler(SamplingOptions(**options))
-        if isinstance(stop, str):
-            stop = (stop,)
-        return self.engine.generate(self.prompt_ids(prompt, raw), sampler, max_tokens, tuple(stop),
+        return self.engine.generate(self.prompt_ids(prompt, raw), sampler, int(max_tokens), stop_strings(stop),
                                     shift=shift, n_keep=n_keep, spec=spec)
 
     def spec_config(self, draft_model: Any = None, lookup: int | bool | None = None,
@@ -209,18 +220,22 @@ class Model:
     def save_state(self, path: str | Path, extra: dict[str, Any] | None = None) -> int:
         """Write the current sequence (tokens and KV cache) and optional JSON ``extra`` (e.g. the chat
         messages) to ``path``; returns the bytes written."""
+        _check_path(path)
+        if extra is not None and not isinstance(extra, dict):  # anything else came back as {}
+            raise OptionError(f"extra must be a dict (saved as JSON) or None, not {_shown(extra)}")
         return self.engine.save_state(path, self.digest, self.gguf.architecture, extra)
 
     def load_state(self, path: str | Path) -> dict[str, Any]:
         """Restore a sequence saved by :meth:`save_state` (a later prompt that extends its tokens
         evaluates only the new suffix); returns its ``extra``. A file from another model, a truncated
         or corrupted one is refused with a one-line LlmedgeError and the current sequence is kept."""
+        _check_path(path)
         return self.engine.load_state(path, self.digest)
 
     def prefill(self, ids: Sequence[int]) -> int:
         """Evaluate ``ids`` into the model's sequence (what a cache already holds is reused), so a later
         prompt that extends them starts at once; returns how many tokens were evaluated."""
-        return self.engine.prefill(ids)[1]
+        return self.engine.prefill(token_ids("ids", ids))[1]
 
     @property
     def cached_tokens(self) -> int:
@@ -238,6 +253,8 @@ def load(model: str | Path, backend: str = "auto", n_ctx: int = 4096, n_threads:
     """Load a catalog name, a store name or a path to a ``.gguf`` file (pulling a catalog name if needed)."""
     from llmedge.store import Store
 
+    if not isinstance(model, (str, os.PathLike)):
+        raise OptionError(f"model must be a model name or a path to a .gguf file, not {_shown(model)}")
     n_ctx, n_threads = _check_load_args(n_ctx, n_threads)  # before anything is resolved or pulled
     check_kv_type(kv_type)
     store = Store(insecure=insecure)  # insecure: a registry may be pulled from over plain http
@@ -256,3 +273,34 @@ def _check_load_args(n_ctx: Any, n_threads: Any) -> tuple[int, int | None]:
     as ints; OptionError (a ValueError) naming the argument and its range otherwise."""
     return (check_int("n_ctx", n_ctx, 0, "0: the model's training context"),
             check_int("n_threads", n_threads, 0, "None or 0: the backend's default", none_ok=True))
+
+
+def token_ids(name: str, ids: Any, what: str = "a sequence of integer token ids") -> list[int]:
+    """``ids`` as a list of ints when it is a sequence of integers (numpy ones too); else OptionError
+    naming the argument (a str, None or a float id failed deep inside, or a float was decoded as "")."""
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+        raise OptionError(f"{name} must be {what}, not {_shown(ids)}")
+    out = []
+    for t in ids:
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+            raise OptionError(f"{name} must be {what}, not one holding {_shown(t)}")
+        out.append(int(t))
+    return out
+
+
+def stop_strings(stop: Any) -> tuple[str, ...]:
+    """``stop`` (a string, a sequence of strings, or None) as a tuple; OptionError otherwise."""
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        return (stop,)
+    if isinstance(stop, Iterable) and not isinstance(stop, bytes):
+        stop = tuple(stop)
+        if all(isinstance(s, str) for s in stop):
+            return stop
+    raise OptionError(f"stop must be a string or a sequence of strings, not {_shown(stop)}")
+
+
+def _check_path(path: Any) -> None:
+    if not isinstance(path, (str, os.PathLike)):
+        raise OptionError(f"path must be a file path (str or os.PathLike), not {_shown(path)}")

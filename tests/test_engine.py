@@ -597,3 +597,54 @@ def test_generations_interleaved_or_in_threads_each_get_their_tokens_alone(tiny_
         t.join()
     assert [got[0], got[1]] == alone
     assert len(m.engine._spare) == 1 and not m.engine._streaming  # one spare cache, reused, all released
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda m: m.detokenize("abc"), "ids must be a sequence of integer token ids, not 'abc'"),
+    (lambda m: m.detokenize(None), "ids must be a sequence of integer token ids, not None"),
+    (lambda m: m.detokenize([5, 1.5]), "ids must be a sequence of integer token ids, not one holding 1.5"),
+    (lambda m: m.logits("hello"), "ids must be a sequence of integer token ids, not 'hello'"),
+    (lambda m: m.logits([1, 5], first_row=-1), "first_row must be an integer >= 0"),
+    (lambda m: m.generate(None), "prompt must be a str or a sequence of integer token ids, not None"),
+    (lambda m: m.generate(5), "prompt must be a str or a sequence of integer token ids, not 5"),
+    (lambda m: m.generate(["a"]), "prompt must be a str or a sequence of integer token ids, not one holding 'a'"),
+    (lambda m: m.generate("hi", max_tokens="3"), "max_tokens must be an integer (negative: no limit), not '3'"),
+    (lambda m: m.generate("hi", max_tokens=2.5), "max_tokens must be an integer"),
+    (lambda m: m.generate("hi", num_predict="3"), "num_predict must be an integer"),
+    (lambda m: m.generate("hi", stop=5), "stop must be a string or a sequence of strings, not 5"),
+    (lambda m: m.generate("hi", stop=["a", 5]), "stop must be a string or a sequence of strings"),
+    (lambda m: m.generate("hi", num_keep="x"), "num_keep must be an integer >= -1 or None"),
+    (lambda m: m.chat([{"role": "user", "content": "hi"}], n_keep=1.5), "n_keep must be an integer >= -1 or None"),
+    (lambda m: m.generate("hi", num_ctx=128), "unknown generation option(s): num_ctx (num_ctx is set at load: "
+                                              "llmedge.load(..., n_ctx=))"),
+    (lambda m: llmedge.load(None), "model must be a model name or a path to a .gguf file, not None"),
+    (lambda m: llmedge.load(123, pull=False), "model must be a model name or a path to a .gguf file, not 123"),
+    (lambda m: Model(m.path, backend="numpy", n_batch="x"), "n_batch must be an integer >= 1"),
+    (lambda m: m.prefill("hi"), "ids must be a sequence of integer token ids, not 'hi'"),
+    (lambda m: m.save_state(None), "path must be a file path (str or os.PathLike), not None"),
+    (lambda m: m.load_state(None), "path must be a file path (str or os.PathLike), not None"),
+    (lambda m: m.save_state("unused.state", extra=[1, 2]), "extra must be a dict (saved as JSON) or None, not [1, 2]"),
+    (lambda m: Model(m.path, backend="numpy", n_ctx=4), "n_ctx 4 is too small: a context needs at least 8 tokens"),
+])
+def test_bad_api_arguments_are_one_clear_value_error_naming_the_argument(tiny_model: Model, call, message: str
+                                                                          ) -> None:
+    """Each failed deep inside (TypeError: 'NoneType' object is not iterable, '>=' not supported between
+    'str' and 'int', invalid literal for int()), or was taken silently: a float id decoded as "", a
+    max_tokens of 2.5 gave 3 tokens, and load(None) asked a registry for a model named 'None'."""
+    with pytest.raises(ValueError) as err:
+        call(tiny_model)
+    assert str(err.value).startswith(message) and isinstance(err.value, LlmedgeError)
+
+
+def test_api_arguments_keep_their_accepted_forms(tiny_model: Model) -> None:
+    m = tiny_model
+    ids = m.tokenize("hi the sky")
+    assert m.detokenize(np.array(ids)) == m.detokenize(tuple(ids)) == m.detokenize(ids)
+    assert np.array_equal(m.logits(np.array(ids)), m.logits(ids))
+    greedy = {"temperature": 0, "max_tokens": 4}
+    want = [c.token for c in m.generate("hi", **greedy)]
+    for stop in (None, (), "", ["zzz"], ("zzz",)):
+        assert [c.token for c in m.generate("hi", stop=stop, **greedy)] == want
+    assert [c.token for c in m.generate("hi", temperature=0, num_predict=np.int64(4), num_keep=None)] == want
+    assert [c.token for c in m.generate(m.prompt_ids("hi"), **greedy)] == want
+
