@@ -5,7 +5,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time these load lazily (below)
+    from llmedge.api import Model, load
+    from llmedge.errors import LlmedgeError
 
 __version__ = "0.1.0"
 __all__ = ["load", "Model", "LlmedgeError", "__version__"]
@@ -21,3 +25,7 @@ def __getattr__(name: str) -> Any:
 
         return LlmedgeError
     raise AttributeError(f"module 'llmedge' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

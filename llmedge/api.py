@@ -63,12 +63,20 @@ class Model:
 
     # -- text <-> tokens -------------------------------------------------------------------------
     def tokenize(self, text: str, add_bos: bool = False, special: bool = False) -> list[int]:
+        """Token ids of ``text``, identical to llama.cpp's (``llama_tokenize``): ``add_bos`` adds the
+        model's BOS when its vocabulary asks for one (``add_special``); ``special`` parses special
+        tokens written in the text (``<|im_start|>``) instead of tokenizing them as plain text."""
         return self.tokenizer.encode(text, add_bos=add_bos, special=special)
 
     def detokenize(self, ids: Sequence[int]) -> str:
+        """The text of ``ids`` (control tokens such as BOS/EOS render as nothing, as llama.cpp's
+        detokenizer without ``special``)."""
         return self.tokenizer.decode(token_ids("ids", ids))
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        """The exact prompt string the model's chat template renders for ``messages`` (a list of
+        ``{"role": ..., "content": ...}`` dicts), with the assistant's turn opened when
+        ``add_generation_prompt``."""
         return self.template.render(messages, add_generation_prompt=add_generation_prompt)
 
     def prompt_ids(self, prompt: str | Sequence[int], raw: bool = False) -> list[int]:
@@ -170,6 +178,8 @@ class Model:
         return d
 
     def chat(self, messages: list[dict[str, Any]], **options: Any) -> Iterator[Chunk]:
+        """Stream the assistant's reply to ``messages`` (``{"role": ..., "content": ...}`` dicts) through
+        the chat template; the options are :meth:`generate`'s. A full context keeps the system message."""
         messages = self._with_defaults(messages)
         ids = self.template.encode(messages)
         if options.get("num_keep") is None and options.get("n_keep") is None:
@@ -197,6 +207,7 @@ class Model:
     # -- KV cache and sequence state -------------------------------------------------------------
     @property
     def kv_type(self) -> str:
+        """The KV cache's element type: ``f16``, ``f32`` or ``q8_0``."""
         return self.engine.kv_type
 
     @property
@@ -250,7 +261,14 @@ class Model:
 
 def load(model: str | Path, backend: str = "auto", n_ctx: int = 4096, n_threads: int | None = None,
          kv_type: str = "f16", pull: bool = True, progress: Any = None, insecure: bool = False) -> Model:
-    """Load a catalog name, a store name or a path to a ``.gguf`` file (pulling a catalog name if needed)."""
+    """Load a catalog name, a store name or a path to a ``.gguf`` file (pulling a catalog name if needed).
+
+    ``backend``: ``auto``, ``native``, ``numba``, ``mlx`` or ``numpy``; ``n_ctx``: the context in tokens
+    (0: the model's training context; never more than it); ``n_threads``: None or 0 for the backend's
+    default; ``kv_type``: ``f16``, ``f32`` or ``q8_0``; ``pull=False`` refuses a name not already
+    stored; ``progress``: a callback for the pull's progress; ``insecure``: allow a registry over http.
+    Bad arguments raise an OptionError (a ValueError) naming them; other problems an LlmedgeError.
+    """
     from llmedge.store import Store
 
     if not isinstance(model, (str, os.PathLike)):

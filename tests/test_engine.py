@@ -648,3 +648,14 @@ def test_api_arguments_keep_their_accepted_forms(tiny_model: Model) -> None:
     assert [c.token for c in m.generate("hi", temperature=0, num_predict=np.int64(4), num_keep=None)] == want
     assert [c.token for c in m.generate(m.prompt_ids("hi"), **greedy)] == want
 
+
+def test_the_public_api_is_listed_and_documented() -> None:
+    """dir(llmedge) lacked load and Model (loaded lazily), and help() showed no word on tokenize,
+    detokenize, chat, apply_chat_template or kv_type."""
+    import inspect
+
+    assert set(llmedge.__all__) <= set(dir(llmedge))
+    undocumented = [name for name, member in inspect.getmembers(Model)
+                    if not name.startswith("_") and not inspect.getdoc(member)]
+    assert undocumented == []
+    assert "n_ctx" in inspect.getdoc(llmedge.load) and "kv_type" in inspect.getdoc(llmedge.load)
