@@ -118,6 +118,16 @@ def _unreachable(endpoint: str) -> str | None:
 
 
 def _hf_reason(e: BaseException) -> str:
+    from huggingface_hub import utils as hf_utils
+
+    known = ((getattr(hf_utils, "GatedRepoError", ()), "the repository is gated: accept its terms on the Hub and "
+              "set HF_TOKEN"),
+             (getattr(hf_utils, "RepositoryNotFoundError", ()), "no such repository on the Hub (a private one "
+              "needs HF_TOKEN)"),
+             (getattr(hf_utils, "RevisionNotFoundError", ()), "no such revision"))
+    for cls, says in known:  # their own text is three sentences and a URL
+        if isinstance(e, cls):
+            return says
     text = " ".join(str(e).split()) or type(e).__name__
     return text[:300]
 

@@ -91,6 +91,8 @@ def parse_model_name(name: str) -> ModelName:
     spelled = canonical_spelling(name)
     low = spelled.lower()
     parts = low.split("/")
+    if is_hf_name(spelled) and len(parts) != 3:  # not an Ollama name in a namespace called hf.co
+        raise StoreError(f"invalid Hugging Face name {name[:100]!r}: use hf.co/ORG/REPO[:QUANT]")
     last, sep, tag = parts[-1].partition(":")
     if not sep:
         tag = "latest"

@@ -123,7 +123,9 @@ def test_missing_template_comes_from_the_repo(tmp_path: Path, hub, monkeypatch: 
 
 def test_missing_repo_and_wrong_quant_are_one_line(tmp_path: Path, hub) -> None:
     h, _ = hub
-    for name, text in ((f"hf.co/{REPO}:q2_k", "no GGUF file for 'q2_k'"), ("hf.co/org/nope", "hf.co/org/nope: ")):
+    for name, text in ((f"hf.co/{REPO}:q2_k", "no GGUF file for 'q2_k'"),
+                       ("hf.co/org/nope", "hf.co/org/nope: no such repository on the Hub (a private one needs HF_TOKEN)"),
+                       ("hf.co/org", "invalid Hugging Face name 'hf.co/org': use hf.co/ORG/REPO[:QUANT]")):
         p = cli(tmp_path, h.url, "pull", name)
         assert p.returncode == 1 and p.stderr.count("\n") == 1 and text in p.stderr, p.stderr
 

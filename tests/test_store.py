@@ -425,6 +425,7 @@ BAD_NAMES = [
     "", "../evil", "..", ".", "a/b/c/d", "a\\b", "/etc/passwd", "/abs", "C:\\x", "evil/../../x", "a..b",
     "name:..", "name:../x", ":tag", "name:", "a:b:c", "h_st/a/b", "a//b", "-dash", ".hidden", "name:.tag", "sp ace", "nul\x00l",
     "tab\t", "new\nline", "ünï", "x" * 81, "x:" + "y" * 81, "model.gguf", "con", "x:aux",
+    "hf.co/org", "hf://org:q4_0", "huggingface.co/org/repo/file.gguf",
 ]
 
 
@@ -436,7 +437,7 @@ def test_invalid_names_are_rejected_before_any_path_is_built(tmp_path: Path, bad
     write_gguf(gguf, 0)
     store.create("good", gguf)
     before = files_under(tmp_path)
-    with pytest.raises(StoreError, match="invalid model name"):
+    with pytest.raises(StoreError, match="invalid (model|Hugging Face) name"):
         parse_name(bad)
     for call in (lambda: store.pull(bad), lambda: store.create(bad, gguf), lambda: store.copy("good", bad),
                  lambda: store.copy(bad, "other"), lambda: store.remove(bad), lambda: store.manifest(bad)):
