@@ -93,6 +93,7 @@ HELP_SET = '''Available Commands:
 HELP_SHOW = '''Available Commands:
   /show info         Show details for this model
   /show license      Show model license
+  /show modelfile    Show Modelfile for this model
   /show parameters   Show parameters for this model
   /show system       Show system message
   /show template     Show prompt template
@@ -115,7 +116,7 @@ HELP_SHORTCUTS = '''Available keyboard shortcuts:
 
 COMMANDS = [
     "/set parameter ", "/set system ", "/set history", "/set nohistory", "/set verbose", "/set quiet", "/set think", "/set nothink",
-    "/show info", "/show license", "/show parameters", "/show system", "/show template",
+    "/show info", "/show license", "/show modelfile", "/show parameters", "/show system", "/show template",
     "/load ", "/save ", "/clear", "/bye", "/help", "/?", "/? shortcuts",
 ] + [f"/set parameter {name} " for name in PARAMETERS]
 
@@ -532,7 +533,9 @@ class ChatSession:
             return True
         if stripped.startswith("/"):
             return self.command(stripped)
-        self.ask(unwrap(stripped) if stripped.startswith('"""') else stripped)
+        message = unwrap(stripped) if stripped.startswith('"""') else stripped
+        if message:  # an empty """ """ block is not sent, as in Ollama
+            self.ask(message)
         return True
 
     def command(self, line: str) -> bool:
@@ -613,6 +616,8 @@ class ChatSession:
             if self.reader is not None:
                 self.reader.set_history(what == "history")
             self.say(f"Set '{what}' mode.")
+        elif what:
+            self.say(f"Unknown command '/set {words[1]}'. Type /? for help")
         else:
             self.say(HELP_SET)
 
@@ -644,12 +649,30 @@ class ChatSession:
         elif what == "system":
             self.say(self.system or "No system message was specified for this model.")
         elif what == "license":
-            lic = m.gguf.get("general.license")
+            # a Modelfile's LICENSE (what /api/show reports), else the GGUF's general.license
+            lic = "\n".join((getattr(m, "defaults", None) or {}).get("license") or []) or m.gguf.get("general.license")
             self.say(str(lic) if lic else "No license was specified for this model.")
+        elif what == "modelfile":
+            self.say(self.modelfile())
         elif what in ("parameters", "params"):
             self.say(self.show_parameters())
+        elif what:
+            self.say(f"Unknown command '/show {words[1]}'. Type /? for help")
         else:
             self.say(HELP_SHOW)
+
+    def modelfile(self) -> str:
+        """``/show modelfile``: the model's Modelfile with this session's system message and the
+        parameters set in it laid over the model's own, as Ollama's chat shows it."""
+        from llmedge.modelfile import render
+
+        config = dict(getattr(self.model, "defaults", None) or {})
+        if self.system:
+            config["system"] = self.system
+        parameters = dict(config.get("parameters") or {})
+        parameters.update({k: self.params[k] for k in self._ordered(self.user_set)})
+        config["parameters"] = parameters
+        return render(str(self.model.path), config)
 
     def info(self) -> str:
         """``/show info``: the model block Ollama prints, plus what this session runs with."""

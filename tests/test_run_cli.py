@@ -231,6 +231,43 @@ def test_set_and_show_commands(model, tmp_path: Path):
     assert s.handle("/bye") is False and s.handle("/exit") is False
 
 
+def test_unknown_set_and_show_subcommands_are_one_line(model, tmp_path: Path):
+    s, out = _session(model, tmp_path)
+    for line in ("/set foo", "/show bar", "/set", "/show"):
+        assert s.handle(line) is True
+    text = out.getvalue()
+    assert text.startswith("Unknown command '/set foo'. Type /? for help\n"
+                           "Unknown command '/show bar'. Type /? for help\n")
+    assert text.count("Available Commands:") == 2  # a bare /set and /show still print their help
+
+
+def test_show_modelfile_and_license_follow_the_model_and_the_session(model, tmp_path: Path, monkeypatch):
+    from llmedge.modelfile import parse
+
+    monkeypatch.setattr(model, "defaults", {"parameters": {"top_k": 20}, "license": ["MIT", "or else"]},
+                        raising=False)
+    s, out = _session(model, tmp_path)
+    s.handle("/set parameter temperature 0")
+    s.handle("/set system You speak like a pirate.")
+    out.truncate(0)
+    out.seek(0)
+    s.handle("/show modelfile")
+    parsed = parse(out.getvalue())
+    assert parsed.base == str(model.path)
+    assert parsed.config["system"] == "You speak like a pirate."
+    assert parsed.config["parameters"] == {"top_k": 20, "temperature": 0.0}
+    out.truncate(0)
+    out.seek(0)
+    s.handle("/show license")
+    assert out.getvalue() == "MIT\nor else\n"  # the Modelfile's LICENSE, not the GGUF's apache-2.0
+
+
+def test_an_empty_multiline_message_is_not_sent(model, tmp_path: Path):
+    s, out = _session(model, tmp_path)
+    assert s.handle('"""\n\n"""') is True
+    assert s.messages == [] and out.getvalue() == ""
+
+
 def test_set_parameter_seed_minus_one_samples_with_a_random_seed(model, tmp_path: Path):
     s, out = _session(model, tmp_path, params={"num_predict": 4})
     s.handle("/set parameter seed -1")
