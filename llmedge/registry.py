@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import http.client
 import json
+import ssl
 import time
 import urllib.error
 import urllib.parse
@@ -104,6 +105,11 @@ class RegistryClient:
         except StoreError:
             raise
         except (OSError, http.client.HTTPException, ValueError) as e:
+            reason = e.reason if isinstance(e, urllib.error.URLError) else e
+            if isinstance(reason, ssl.SSLError) and not self.insecure:  # not worth retrying
+                hint = "" if isinstance(reason, ssl.SSLCertVerificationError) else (
+                    " (a registry that speaks plain http needs `llmedge pull --insecure`)")
+                raise StoreError(f"{url}: {_reason(e)}{hint}") from None
             raise _Transient(f"{url}: {_reason(e)}") from None
 
     def open(self, url: str, headers: dict[str, str] | None = None) -> http.client.HTTPResponse:

@@ -87,7 +87,8 @@ def test_library_names_go_to_the_library_namespace_and_blobs_follow_a_redirect(t
 def test_http_registry_needs_insecure(tmp_path: Path, registry, gguf: bytes) -> None:
     reg = registry()
     reg.add_model("library/tiny", "1", gguf)
-    with pytest.raises(StoreError, match=r"^https://127\.0\.0\.1:\d+/v2/library/tiny/manifests/1: "):
+    with pytest.raises(StoreError, match=r"^https://127\.0\.0\.1:\d+/v2/library/tiny/manifests/1: .*"
+                       r"\(a registry that speaks plain http needs `llmedge pull --insecure`\)$"):
         store_at(tmp_path, insecure=False).pull(f"{reg.host}/library/tiny:1")
     assert reg.requests == []
 
