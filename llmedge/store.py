@@ -334,11 +334,18 @@ class Store:
         kind = source.get("type") if isinstance(source, dict) else None
         if kind == "local":
             return f"import {source.get('path', 'its .gguf file')} again with `llmedge create`"
-        if kind in ("copy", "create") and isinstance(source.get("from"), str) and depth < 8:
-            found = self._find(source["from"])
-            if found is not None:
-                with contextlib.suppress(StoreError):
-                    return self._repair_hint(found[0], self._read_manifest(found[1], found[0]), depth + 1)
+        origin = source.get("from") if isinstance(source, dict) else None
+        if kind == "ollama" and isinstance(origin, str):
+            return f"it is the Ollama store's '{origin}': `ollama pull {origin}` fetches it again"
+        if kind in ("copy", "create") and isinstance(origin, str) and depth < 8:
+            try:
+                found = self._find(origin)
+            except StoreError:
+                found = None
+            if found is None:  # pulling the copy's own name would ask a registry for a model it never was
+                return f"it was made from '{origin}', which is no longer in the store: get '{origin}' back, then make '{full}' from it again"
+            with contextlib.suppress(StoreError):
+                return self._repair_hint(found[0], self._read_manifest(found[1], found[0]), depth + 1)
         return f"run `llmedge pull {full}` to fetch it again"
 
     # -- changes ----------------------------------------------------------------------------

@@ -120,3 +120,12 @@ def test_names_ollama_kept_in_their_typed_case_are_found_in_any_case(tmp_path: P
     store.copy("hf.co/bartowski/SmolLM2-135M-Instruct-GGUF:Q4_K_M", "mine")
     assert store.resolve("mine").resolve() == store.resolve("tiny:1b")
     assert snapshot(ollama_dir) == before
+
+
+def test_a_copy_whose_ollama_file_went_away_says_where_it_came_from(tmp_path: Path, ollama_dir: Path) -> None:
+    store = Store(tmp_path / "store", ollama_root=ollama_dir)
+    store.copy("tiny:1b", "mine")
+    store.resolve("tiny:1b").unlink()  # `ollama rm tiny:1b` (and the other name sharing it) removed the file
+    with pytest.raises(StoreError) as e:
+        store.resolve("mine")
+    assert str(e.value).endswith("it is the Ollama store's 'tiny:1b': `ollama pull tiny:1b` fetches it again")

@@ -227,6 +227,10 @@ def test_run_of_a_created_model_whose_file_broke_names_the_file_to_import(popula
         p = llmedge_cmd(populated, "run", name.split(":")[0], "hi")
         one_line_error(p, f"the file of model '{name}' is missing: ")
         assert f"import {populated / 'tiny.gguf'} again with `llmedge create`" in p.stderr
+    ok(llmedge_cmd(populated, "rm", "tiny"))  # the copy's origin is gone: pulling 'again' would ask a registry
+    p = llmedge_cmd(populated, "run", "again", "hi")
+    one_line_error(p, "the file of model 'again:latest' is missing: ")
+    assert "it was made from 'tiny:latest', which is no longer in the store" in p.stderr and "pull" not in p.stderr
 
 
 def test_a_modelfile_seed_of_minus_one_means_a_random_one(populated: Path) -> None:
