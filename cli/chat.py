@@ -35,7 +35,7 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from rich.markup import escape
 from rich.segment import Segment
 
-from llmedge.cli.options import parameter_problem
+from llmedge.cli.options import parameter_problem, predict_limit
 from llmedge.errors import LlmedgeError
 
 PROMPT = ">>> "
@@ -729,6 +729,7 @@ class ChatSession:
         options["seed"] = seed if isinstance(seed, int) and seed >= 0 else None
         if options.get("num_predict") == -2:  # Ollama's "fill the context": stop where it is full
             options.update(num_predict=-1, shift=False)
+        options["num_predict"] = predict_limit(options["num_predict"], self.model.n_ctx)
         return options
 
     def prompt_ids(self) -> tuple[list[int], int]:

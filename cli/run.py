@@ -28,6 +28,7 @@ from llmedge.cli.options import (
     ModelArg,
     Threads,
     checked,
+    predict_limit,
     speculation_options,
 )
 
@@ -89,11 +90,12 @@ def run(
     options = {k: v for k, v in given.items() if v is not None}
     if random_seed:
         options["seed"] = None  # given, so a Modelfile's negative seed is not applied either
-    options.update(shift=not no_shift, max_tokens=-1 if num_predict is None else num_predict)
-    if num_predict == -2:  # Ollama's "fill the context": no limit, and stop where the context is full
-        options.update(shift=False, max_tokens=-1)
-    if num_predict is None and "num_predict" in (getattr(m, "defaults", None) or {}).get("parameters", {}):
-        options.pop("max_tokens")
+    n_predict = num_predict
+    if n_predict is None:  # the Modelfile's, else until the end of the text
+        n_predict = ((getattr(m, "defaults", None) or {}).get("parameters") or {}).get("num_predict", -1)
+        n_predict = n_predict if isinstance(n_predict, int) and n_predict >= -2 else -1
+    options.update(shift=not no_shift and n_predict != -2,  # -2, Ollama's "fill the context":
+                   max_tokens=predict_limit(n_predict, m.n_ctx))  # stop where the context is full
     if keep is not None:
         options["num_keep"] = keep
     prompt = prompt_with_stdin(prompt)

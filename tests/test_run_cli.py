@@ -128,6 +128,30 @@ def test_num_predict_minus_two_fills_the_context(smollm2_path: Path, tmp_path: P
     assert count("prompt eval count") + count("eval count") <= 64 + 1
 
 
+def test_an_answer_that_never_ends_stops_at_ten_contexts(smollm2_path: Path, tmp_path: Path):
+    """num_predict -1 with a shifting context: a text that never ends stops after 10 * num_ctx tokens,
+    Ollama's limit, instead of running for ever."""
+    env = {**os.environ, "LLMEDGE_MODELS": str(tmp_path / "store")}
+    args = [str(smollm2_path), "a a a a a a a a", "--raw", "--ctx", "16", "--temperature", "0", "--verbose"]
+    try:
+        res = subprocess.run([sys.executable, "-m", "llmedge.cli.main", "run", *args], capture_output=True,
+                             text=True, env=env, timeout=90, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the answer did not stop (greedy 'a a a ...' at a context of 16 never ends its text)")
+    assert res.returncode == 0, res.stderr
+    assert "eval count:           160 token(s)" in res.stderr.splitlines(), res.stderr
+
+
+def test_chat_answers_stop_at_ten_contexts_unless_num_predict_says_less(model, tmp_path: Path):
+    s, _ = _session(model, tmp_path)
+    assert s.generation_options()["num_predict"] == 10 * model.n_ctx
+    s.handle("/set parameter num_predict 48")
+    assert s.generation_options()["num_predict"] == 48
+    s.handle("/set parameter num_predict -2")
+    assert s.generation_options()["num_predict"] == 10 * model.n_ctx
+    assert s.generation_options()["shift"] is False
+
+
 def test_unknown_model_is_one_line_error(tmp_path: Path):
     res = _run(["nosuchmodel:7b", "hi"], tmp_path)
     assert res.returncode == 1
