@@ -442,7 +442,11 @@ class Engine:
                 rows = np.array([len(chunk) - 1])
             else:
                 rows = None if skip <= 0 else np.arange(skip, len(chunk))
-            logits = self.model.forward(Batch(chunk, pos, cache, rows))
+            try:
+                logits = self.model.forward(Batch(chunk, pos, cache, rows))
+            except BaseException:
+                forget_unrecorded(cache)
+                raise
             cache.tokens.extend(int(t) for t in chunk)
             self.n_evaluated += len(chunk)
             if all_logits and skip < len(chunk):
@@ -598,7 +602,12 @@ class Engine:
                 else:
                     batches.append(Batch(np.asarray(rows, dtype=np.int64), pos, g.cache, np.array([len(rows) - 1]),
                                          row_exact=exact and group is decode))
-            logits = self._forward_batches(batches)
+            try:
+                logits = self._forward_batches(batches)
+            except BaseException:
+                for _, g, _ in group:
+                    forget_unrecorded(g.cache)
+                raise
             for (i, g, rows), lg in zip(group, logits):
                 g.cache.tokens.extend(int(t) for t in rows)
                 self.n_evaluated += len(rows)
@@ -702,6 +711,19 @@ class Engine:
         self._stash(0)
         self.cache.load_state(state)
         return extra
+
+
+def forget_unrecorded(cache: SequenceCache) -> None:
+    """After a forward that did not return (an exception, Ctrl-C): forget the K/V cells it may have
+    written past the tokens ``cache`` records, which the next forward would write again beside them
+    (two cells at one position: every later token read a duplicated key). Clears the cache when a
+    ring layer no longer holds what the recorded tokens need."""
+    n = len(cache.tokens)
+    if all(layer.can_trim_to(n) for layer in cache.layers):
+        for layer in cache.layers:
+            layer.trim_to(n)
+    else:
+        cache.clear()
 
 
 def _find_stop(text: str, stops: Sequence[str]) -> int | None:

@@ -659,3 +659,36 @@ def test_the_public_api_is_listed_and_documented() -> None:
                     if not name.startswith("_") and not inspect.getdoc(member)]
     assert undocumented == []
     assert "n_ctx" in inspect.getdoc(llmedge.load) and "kv_type" in inspect.getdoc(llmedge.load)
+
+
+@pytest.mark.parametrize("fail_at", [1, 4])
+def test_generating_after_a_forward_interrupted_past_its_cells_gives_the_same_tokens(tiny_model: Model,
+                                                                                    fail_at: int) -> None:
+    """A Ctrl-C (or any exception) that ended a forward after it wrote its K/V cells, before the engine
+    recorded its tokens, left those cells behind: the next generate wrote the same positions again beside
+    them and every later token read a duplicated key (greedy text changed after an interrupted prompt)."""
+    m = tiny_model
+    options = {"max_tokens": 12, "temperature": 0}
+    prompt = "a blue sky is the"
+    want = [c.token for c in m.generate(prompt, **options)]
+    real, calls = m.model.forward, [0]
+
+    def interrupted(*args, **kwargs):
+        out = real(*args, **kwargs)
+        calls[0] += 1
+        if calls[0] == fail_at:
+            raise KeyboardInterrupt
+        return out
+
+    m.model.forward = interrupted
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            list(m.generate(prompt, **options))
+        with pytest.raises(KeyboardInterrupt):  # the same through prefill (Engine.forward)
+            calls[0] = fail_at - 1
+            m.prefill(m.prompt_ids("hi the sky"))
+    finally:
+        m.model.forward = real
+    assert [c.token for c in m.generate(prompt, **options)] == want
+    layers = m.engine.cache.layers
+    assert all(layer.used == len(m.engine.cache.tokens) for layer in layers)
