@@ -168,6 +168,8 @@ class Model:
 
     def draft(self, model: Any) -> DraftModel:
         """The :class:`DraftModel` for ``model`` (a loaded Model, a name or a path), made once."""
+        if not isinstance(model, (Model, str, os.PathLike)):
+            raise OptionError(f"draft_model must be a Model, a model name or a path to a .gguf file, not {_shown(model)}")
         key = str(id(model)) if isinstance(model, Model) else str(model)
         d = self._drafts.get(key)
         if d is None:

@@ -126,7 +126,10 @@ class DraftModel:
         if entry is None or entry[0] is not target:
             if len(self._caches) >= 16:  # the oldest target's cache goes (a server has few slots)
                 self._caches.pop(next(iter(self._caches)))
-            cache = self.engine.cache if not self._caches else self.engine.new_cache()
+            # the draft model's own sequence serves the first target, unless it is that target (a model
+            # drafting for itself would roll back and extend the very cache it verifies in)
+            own = self.engine.cache
+            cache = own if not self._caches and own is not target else self.engine.new_cache()
             entry = self._caches[id(target)] = (target, cache)
         return entry[1]
 

@@ -620,6 +620,8 @@ def test_generations_interleaved_or_in_threads_each_get_their_tokens_alone(tiny_
     (lambda m: llmedge.load(None), "model must be a model name or a path to a .gguf file, not None"),
     (lambda m: llmedge.load(123, pull=False), "model must be a model name or a path to a .gguf file, not 123"),
     (lambda m: Model(m.path, backend="numpy", n_batch="x"), "n_batch must be an integer >= 1"),
+    (lambda m: m.generate("hi", draft_model=5), "draft_model must be a Model, a model name or a path to a .gguf "
+                                                 "file, not 5"),
     (lambda m: m.prefill("hi"), "ids must be a sequence of integer token ids, not 'hi'"),
     (lambda m: m.save_state(None), "path must be a file path (str or os.PathLike), not None"),
     (lambda m: m.load_state(None), "path must be a file path (str or os.PathLike), not None"),

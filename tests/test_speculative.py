@@ -87,6 +87,16 @@ def test_draft_model_gives_the_plain_greedy_tokens(models: dict[str, Model], mod
     assert extra["draft_tokens"] > 0 and extra["draft_accepted"] > 0
 
 
+def test_a_model_drafting_for_itself_gives_the_plain_greedy_tokens(models: dict[str, Model]) -> None:
+    """generate(..., draft_model=m) on m itself drafted in m's own sequence cache, the one being
+    verified, and failed with an IndexError from the emptied logits."""
+    m = models["smollm2"]
+    plain, _ = greedy(m, CODE_PROMPT, 32)
+    for _ in range(2):  # the draft cache made the first time serves again
+        spec, extra = greedy(m, CODE_PROMPT, 32, draft_model=m, draft_max=4)
+        assert spec == plain and extra["draft_accepted"] > 0
+
+
 def test_a_draft_model_with_another_vocabulary_is_refused(models: dict[str, Model]) -> None:
     with pytest.raises(llmedge.LlmedgeError, match="vocabulary"):
         models["smollm2"].spec_config(draft_model=models["gemma3"])
