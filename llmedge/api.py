@@ -77,6 +77,7 @@ class Model:
         """The exact prompt string the model's chat template renders for ``messages`` (a list of
         ``{"role": ..., "content": ...}`` dicts), with the assistant's turn opened when
         ``add_generation_prompt``."""
+        check_messages(messages)
         return self.template.render(messages, add_generation_prompt=add_generation_prompt)
 
     def prompt_ids(self, prompt: str | Sequence[int], raw: bool = False) -> list[int]:
@@ -182,6 +183,7 @@ class Model:
     def chat(self, messages: list[dict[str, Any]], **options: Any) -> Iterator[Chunk]:
         """Stream the assistant's reply to ``messages`` (``{"role": ..., "content": ...}`` dicts) through
         the chat template; the options are :meth:`generate`'s. A full context keeps the system message."""
+        check_messages(messages)
         messages = self._with_defaults(messages)
         ids = self.template.encode(messages)
         if options.get("num_keep") is None and options.get("n_keep") is None:
@@ -324,3 +326,15 @@ def stop_strings(stop: Any) -> tuple[str, ...]:
 def _check_path(path: Any) -> None:
     if not isinstance(path, (str, os.PathLike)):
         raise OptionError(f"path must be a file path (str or os.PathLike), not {_shown(path)}")
+
+
+def check_messages(messages: Any) -> None:
+    """OptionError naming the first message that is not a dict with a string ``role``: templates
+    failed on those with a misleading line ('Conversation roles must alternate', a Jinja
+    UndefinedError) or skipped them. A list itself is the template's to check."""
+    if not isinstance(messages, list):
+        return
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
+            raise OptionError(f"messages[{i}] must be a dict with a 'role' string and its 'content', "
+                              f"not {_shown(msg)}")

@@ -622,6 +622,10 @@ def test_generations_interleaved_or_in_threads_each_get_their_tokens_alone(tiny_
     (lambda m: Model(m.path, backend="numpy", n_batch="x"), "n_batch must be an integer >= 1"),
     (lambda m: m.generate("hi", draft_model=5), "draft_model must be a Model, a model name or a path to a .gguf "
                                                  "file, not 5"),
+    (lambda m: m.chat([{"content": "hi"}]), "messages[0] must be a dict with a 'role' string and its 'content', "
+                                             "not {'content': 'hi'}"),
+    (lambda m: m.chat([{"role": "user", "content": "a"}, "b"]), "messages[1] must be a dict with a 'role' string"),
+    (lambda m: m.apply_chat_template([{"role": 5, "content": "x"}]), "messages[0] must be a dict with a 'role'"),
     (lambda m: m.prefill("hi"), "ids must be a sequence of integer token ids, not 'hi'"),
     (lambda m: m.save_state(None), "path must be a file path (str or os.PathLike), not None"),
     (lambda m: m.load_state(None), "path must be a file path (str or os.PathLike), not None"),
