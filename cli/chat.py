@@ -14,7 +14,8 @@ The slash commands are Ollama's (``/set``, ``/show``, ``/clear``, ``/save``, ``/
 ``/?``). ``/save NAME`` writes the conversation, system message and parameters to
 ``<store root>/sessions/NAME.json`` (plus the KV state in ``NAME.state`` when the model can save it);
 ``/load NAME`` restores them, with the KV state when the model file is the same, else by evaluating
-the history once so the next turn still starts at once through the engine's prefix reuse.
+the history once so the next turn still starts at once through the engine's prefix reuse. A NAME that
+is no saved session is loaded as a model, as Ollama's ``/load MODEL``: a new conversation with it.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ DEFAULT_PARAMETERS: dict[str, Any] = {
 HELP = '''Available Commands:
   /set            Set session variables
   /show           Show model information
-  /load <name>    Load a saved session
+  /load <name>    Load a saved session or a model
   /save <name>    Save your current session
   /clear          Clear session context
   /bye            Exit
@@ -495,28 +496,35 @@ class ChatSession:
     """One conversation with a loaded model: messages, system message, parameters, commands, turns."""
 
     def __init__(self, model: Any, console: Console | None = None, params: dict[str, Any] | None = None,
-                 verbose: bool = False, reload: Callable[[int], Any] | None = None,
+                 verbose: bool = False, reload: Callable[[int, str], Any] | None = None,
                  sessions: Path | None = None, out: Any = None, think: bool | str | None = None) -> None:
         self.model = model
         self.think = think  # None: the template's default; else enable_thinking (and a level)
         self.prompt_text = ""  # the last rendered prompt
         self.console = console or Console(highlight=False)
         self.out = out
+        self.user_set: set[str] = set()
+        self._adopt(model, params or {})
+        self.verbose = verbose
+        self.reload = reload
+        self.sessions = sessions
+        self.reader: InputReader | None = None
+
+    def _adopt(self, model: Any, params: dict[str, Any]) -> None:
+        """Start the conversation with ``model``: its defaults (a Modelfile's / registry's parameters,
+        system message and messages) under ``params``, the values the user set."""
+        self.model = model
         self.params: dict[str, Any] = dict(DEFAULT_PARAMETERS)
         self.params["num_ctx"] = model.n_ctx
-        defaults = getattr(model, "defaults", None) or {}  # a Modelfile's / registry's defaults
+        defaults = getattr(model, "defaults", None) or {}
         self.params.update({k: v for k, v in (defaults.get("parameters") or {}).items() if k in self.params})
-        self.user_set: set[str] = set()
-        for k, v in (params or {}).items():
+        self.user_set = set()
+        for k, v in params.items():
             if v is not None and v != self.params.get(k):
                 self.params[k] = v
                 self.user_set.add(k)
         self.system = str(defaults.get("system") or "")
         self.messages: list[dict[str, str]] = [dict(m) for m in defaults.get("messages") or []]
-        self.verbose = verbose
-        self.reload = reload
-        self.sessions = sessions
-        self.reader: InputReader | None = None
 
     # -- output helpers --------------------------------------------------------------------------
     def say(self, text: str = "") -> None:
@@ -564,8 +572,10 @@ class ChatSession:
             elif cmd == "/load":
                 if len(words) != 2:
                     self.say("Usage:\n  /load <name>")
-                else:
+                elif self._is_session(words[1]):
                     self.load(words[1])
+                else:
+                    self.load_model(words[1])
             else:
                 self.say(f"Unknown command '{words[0]}'. Type /? for help")
         except LlmedgeError as e:
@@ -630,7 +640,7 @@ class ChatSession:
     def _reload(self, n_ctx: int) -> None:
         """Load the model again with another context (the conversation stays; its cache does not)."""
         if self.reload is not None:
-            self.model = self.reload(n_ctx)  # run's reload shows its own spinner
+            self.model = self.reload(n_ctx, self.model.name)  # run's reload shows its own spinner
             return
         from llmedge.api import Model
 
@@ -638,6 +648,34 @@ class ChatSession:
         with self.console.status(what, spinner="dots"):
             self.model = Model(self.model.path, backend=self.model.backend_name, n_ctx=n_ctx,
                                name=self.model.name)
+
+    def _is_session(self, name: str) -> bool:
+        try:
+            return session_path(name, self.sessions).is_file()
+        except LlmedgeError:
+            return False
+
+    def load_model(self, name: str) -> None:
+        """``/load MODEL`` (not a saved session): chat with another model, as Ollama's /load does: a new
+        conversation with that model's defaults; the parameters set in this chat stay. A model that is
+        not stored is not pulled; it is one line, and the chat goes on with the model it had."""
+        from llmedge.errors import ModelNotFoundError
+
+        n_ctx = self.params["num_ctx"]
+        try:
+            if self.reload is not None:
+                model = self.reload(n_ctx, name)
+            else:
+                import llmedge
+
+                with self.console.status(f"loading {escape(name)}", spinner="dots"):
+                    model = llmedge.load(name, backend=self.model.backend_name, n_ctx=n_ctx, pull=False)
+        except ModelNotFoundError:
+            saved = sorted(p.stem for p in session_path("x", self.sessions).parent.glob("*.json"))
+            hint = f" (saved sessions: {', '.join(saved)})" if saved else ""
+            raise LlmedgeError(f"no saved session or model named '{name}'{hint}") from None
+        self._adopt(model, {k: self.params[k] for k in self.user_set if k != "num_ctx"})
+        self.say(f"Loaded model '{name}'")
 
     def cmd_show(self, words: list[str]) -> None:
         what = words[1].lower() if len(words) > 1 else ""

@@ -130,9 +130,12 @@ def run(
     params = dict(temperature=temperature, seed=seed, top_k=top_k, top_p=top_p, min_p=min_p,
                   num_predict=num_predict)  # None: the model's default, else the chat's
 
-    def reload(n_ctx: int):
-        m2 = load_with_progress(model, backend=backend, n_ctx=n_ctx, n_threads=threads, kv_type=kv_type)
-        m2.speculation = m.speculation
+    speculation = m.speculation
+
+    def reload(n_ctx: int, name: str):  # /set parameter num_ctx, and /load of another model (not pulled)
+        m2 = load_with_progress(name, backend=backend, n_ctx=n_ctx, n_threads=threads, kv_type=kv_type,
+                                pull=False)
+        m2.speculation = speculation if name == model else {}  # a draft model is for the first model
         return m2
 
     chat(m, params, verbose=verbose, reload=reload, think=think)

@@ -351,8 +351,9 @@ def test_save_load_restores_the_conversation_and_the_next_turn_is_fast(smollm2_p
     (tmp_path / "sessions" / "broken.json").write_text("{not json")
     s2.handle("/load broken")
     text = out2.getvalue()
-    assert "Error: no session named 'nothing-here' (saved sessions: lunch)" in text
-    assert "Error: invalid session name '../lunch'" in text
+    # neither a session nor a model (a name that is no session's is tried as a model, as Ollama's /load)
+    assert "Error: no saved session or model named 'nothing-here' (saved sessions: lunch)" in text
+    assert "Error: no such model file: ../lunch" in text  # a path, never a session file outside the folder
     assert "Error: session file" in text and "is damaged" in text
 
 
@@ -375,6 +376,30 @@ def test_num_ctx_reloads_the_model(any_model, tmp_path: Path):
     s.handle("/set parameter num_ctx 512")
     assert s.model is not model and s.model.n_ctx == 512 and s.model.backend_name == model.backend_name
     assert "Set parameter 'num_ctx' to '512'" in out.getvalue()
+
+
+def test_load_of_a_model_switches_the_chat_to_it(model, gemma3_path: Path, tmp_path: Path, monkeypatch):
+    """/load NAME that is no saved session loads the model NAME, as Ollama's /load: a new conversation,
+    the parameters set so far kept; a model that is not there is one line and the chat goes on."""
+    monkeypatch.setenv("LLMEDGE_MODELS", str(tmp_path / "store"))
+    s, out = _session(model, tmp_path)
+    s.handle("/set parameter temperature 0")
+    s.handle("/set parameter num_predict 8")
+    s.handle("/set system Be brief.")
+    s.messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]
+    out.truncate(0)
+    out.seek(0)
+    assert s.handle("/load nosuchmodel:1b") is True
+    assert out.getvalue() == "Error: no saved session or model named 'nosuchmodel:1b'\n"
+    assert s.model is model and len(s.messages) == 2
+
+    s.handle(f"/load {gemma3_path}")
+    assert out.getvalue().endswith(f"Loaded model '{gemma3_path}'\n")
+    assert s.model.gguf.architecture == "gemma3" and s.model.n_ctx == model.n_ctx
+    assert s.messages == [] and s.system == ""
+    assert s.params["temperature"] == 0 and s.params["num_predict"] == 8
+    assert s.ask("Say hi.")  # and it answers with the new model
+    assert "Error" not in out.getvalue().splitlines()[-1]
 
 
 class _FakeModel:

@@ -198,6 +198,8 @@ def test_chat_in_a_real_terminal(smollm2_path: Path, chat_env: dict[str, str], t
     assert re.search(r"^\s+context\s+2048 tokens", "\n".join(info), re.M), info
     assert "Available Commands:" in term.submit("/?")
     assert term.submit("/nonsense") == ["Unknown command '/nonsense'. Type /? for help"]
+    assert term.submit("/set nonsense") == ["Unknown command '/set nonsense'. Type /? for help"]
+    assert term.submit("/load nosuchmodel:1b") == ["Error: no saved session or model named 'nosuchmodel:1b'"]
 
     # Two turns: each answer is on the screen, rendered, and the second one used the first.
     for question, answer in ((q1, expected[0]), (q2, expected[1])):
