@@ -99,6 +99,8 @@ def run(
     if keep is not None:
         options["num_keep"] = keep
     prompt = prompt_with_stdin(prompt)
+    if prompt == "":  # as Ollama's generate with an empty prompt: the model is loaded, nothing is asked
+        return
     if think is not None:
         from llmedge.errors import LlmedgeError
         from llmedge.reasoning import supports_thinking

@@ -70,6 +70,16 @@ def test_piped_prompt_prints_exactly_the_answer(smollm2_path: Path, model, tmp_p
     assert res.stderr == ""  # no spinner, no colours when nothing is a terminal
 
 
+def test_an_empty_prompt_loads_the_model_and_asks_nothing(smollm2_path: Path, tmp_path: Path):
+    """As Ollama's run: an empty stdin (or "") is no question; the answer to nothing is not made up."""
+    for args, stdin in (([str(smollm2_path)], ""), ([str(smollm2_path), ""], None)):
+        res = _run([*args, "--temperature", "0", "--num-predict", "8"], tmp_path, stdin=stdin)
+        assert res.returncode == 0, res.stderr
+        assert res.stdout == "" and res.stderr == ""
+    bad = _run(["nosuchmodel:7b"], tmp_path, stdin="")  # the model is still loaded, so a bad name fails
+    assert bad.returncode == 1 and bad.stderr.startswith("Error: ")
+
+
 def test_prompt_argument_and_verbose_timings(smollm2_path: Path, any_model, tmp_path: Path):
     model = any_model
     want = "".join(c.text for c in model.generate("Say hi.", temperature=0, max_tokens=12)) + "\n"
