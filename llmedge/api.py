@@ -76,9 +76,13 @@ class Model:
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         """The exact prompt string the model's chat template renders for ``messages`` (a list of
         ``{"role": ..., "content": ...}`` dicts), with the assistant's turn opened when
-        ``add_generation_prompt``."""
+        ``add_generation_prompt``: the prompt :meth:`chat` answers. When the last message is the
+        assistant's own text, that turn is left open instead, so the reply continues it (assistant
+        prefill, as llama.cpp's server and llmedge's chat routes do)."""
         check_messages(messages)
-        return self.template.render(messages, add_generation_prompt=add_generation_prompt)
+        if add_generation_prompt:
+            return self.template.render_reply(messages)
+        return self.template.render(messages, add_generation_prompt=False)
 
     def prompt_ids(self, prompt: str | Sequence[int], raw: bool = False) -> list[int]:
         """Token ids for a prompt: a chat-templated user message unless ``raw`` or already ids."""
@@ -182,10 +186,11 @@ class Model:
 
     def chat(self, messages: list[dict[str, Any]], **options: Any) -> Iterator[Chunk]:
         """Stream the assistant's reply to ``messages`` (``{"role": ..., "content": ...}`` dicts) through
-        the chat template; the options are :meth:`generate`'s. A full context keeps the system message."""
+        the chat template (a last assistant message is continued: see :meth:`apply_chat_template`); the
+        options are :meth:`generate`'s. A full context keeps the system message."""
         check_messages(messages)
         messages = self._with_defaults(messages)
-        ids = self.template.encode(messages)
+        ids = self.template.prompt_ids(self.template.render_reply(messages))  # a last assistant text continued
         if options.get("num_keep") is None and options.get("n_keep") is None:
             options.pop("n_keep", None)
             options["num_keep"] = self.system_keep(messages, ids)

@@ -233,6 +233,20 @@ def test_second_chat_turn_evaluates_only_the_new_suffix(smollm2_path: Path) -> N
     assert m.timings.extra["prompt_cached"] == common
 
 
+def test_chat_continues_a_last_assistant_message(fast_models) -> None:
+    """Assistant prefill: chat and apply_chat_template leave the assistant's last words open, as the
+    server's chat routes do, and the reply is their continuation."""
+    m = fast_models["smollm2"]
+    words = "The capital of France is"
+    msgs = [{"role": "user", "content": "What is the capital of France?"}, {"role": "assistant", "content": words}]
+    prompt = m.apply_chat_template(msgs)
+    assert prompt == m.apply_chat_template(msgs[:1]) + words
+    assert m.apply_chat_template(msgs, add_generation_prompt=False) == m.template.render(msgs, False)
+    reply = "".join(c.text for c in m.chat(msgs, temperature=0, max_tokens=6))
+    assert reply == "".join(c.text for c in m.generate(prompt, raw=True, temperature=0, max_tokens=6))
+    assert "Paris" in reply
+
+
 def test_an_earlier_conversation_comes_back_from_the_prefix_lru(smollm2_path: Path) -> None:
     a = [{"role": "system", "content": "You answer in French. " * 10}, {"role": "user", "content": "Bonjour?"}]
     b = [{"role": "user", "content": "Something else entirely, please."}]
