@@ -8,7 +8,8 @@ text, then printed once more, whole, as Markdown when complete; elsewhere as pla
 Ctrl-C while an answer is being generated stops it and returns to the prompt; the chat goes on. The
 partial answer is kept in the conversation exactly as it stands on the screen (the KV cache already
 holds it, so the next turn starts at once); if no text had appeared yet, the question is dropped too.
-Ctrl-C at the prompt clears the line; Ctrl-D on an empty line or ``/bye`` leaves.
+Ctrl-C at the prompt clears the line; Ctrl-C while a command loads a model (``/load``, ``/set parameter
+num_ctx``) leaves the chat as it was. Ctrl-D on an empty line or ``/bye`` leaves.
 
 The slash commands are Ollama's (``/set``, ``/show``, ``/clear``, ``/save``, ``/load``, ``/bye``,
 ``/?``). ``/save NAME`` writes the conversation, system message and parameters to
@@ -580,6 +581,8 @@ class ChatSession:
                 self.say(f"Unknown command '{words[0]}'. Type /? for help")
         except LlmedgeError as e:
             self.error(str(e))
+        except KeyboardInterrupt:  # Ctrl-C while a model loads (/load, num_ctx): the chat goes on as it was
+            self.say("Interrupted.")
         return True
 
     def cmd_set(self, line: str, words: list[str]) -> None:
@@ -798,6 +801,9 @@ class ChatSession:
         self.messages.append({"role": "user", "content": text})
         try:
             ids, dropped = self.prompt_ids()
+        except KeyboardInterrupt:  # Ctrl-C while a long message is tokenized: it is not sent
+            self.messages.pop()
+            return None
         except LlmedgeError as e:
             self.messages.pop()
             self.error(str(e))

@@ -450,6 +450,30 @@ def test_ctrl_c_stops_the_answer_and_the_chat_goes_on(tmp_path: Path, after: int
     assert s.ask("Go on.") == "".join(f"w{i} " for i in range(200))
 
 
+def test_ctrl_c_while_a_model_loads_or_a_message_is_tokenized_keeps_the_chat(tmp_path: Path):
+    def interrupted_load(n_ctx: int, name: str):
+        os.kill(os.getpid(), signal.SIGINT)  # the user's Ctrl-C, in the middle of the load
+        raise AssertionError("SIGINT should have interrupted the load")
+
+    fake = _FakeModel(None)
+    fake.name = "fake"
+    s, out = _session(fake, tmp_path, reload=interrupted_load)
+    s.messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+    for command in ("/load othermodel:1b", "/set parameter num_ctx 512"):
+        assert s.handle(command) is True
+    assert out.getvalue() == "Interrupted.\nInterrupted.\n"
+    assert s.model is fake and s.params["num_ctx"] == 4096 and "num_ctx" not in s.user_set
+    assert len(s.messages) == 2
+
+    def interrupted_encode(messages, add_generation_prompt: bool = True):
+        os.kill(os.getpid(), signal.SIGINT)
+        raise AssertionError("SIGINT should have interrupted the tokenizer")
+
+    fake.encode = interrupted_encode
+    assert s.handle("A very long pasted text") is True
+    assert len(s.messages) == 2  # the message that was not sent is not in the chat
+
+
 def test_answer_view_is_plain_text_off_a_terminal():
     from llmedge.cli.chat import AnswerView
 
