@@ -100,6 +100,35 @@ class Model:
         return with_defaults(self.defaults, messages)
 
     # -- evaluation ------------------------------------------------------------------------------
+    def embed(self, input: str | Sequence[str], truncate: bool = True,
+              dimensions: int | None = None) -> list[float] | list[list[float]]:
+        """The embedding of a text (a list of floats), or of each text of a list (a list of them): the
+        mean over its tokens of the model's final normalized hidden states, L2-normalized (llama.cpp's
+        mean pooling; what ``llmedge serve`` returns from /api/embed and /v1/embeddings). Each text is
+        evaluated in a fresh context, leaving the model's conversation as it was. A text longer than the
+        context is cut to it, or refused when ``truncate`` is False; ``dimensions`` keeps the first N
+        components, normalized again."""
+        from llmedge.embeddings import pooled, shorten, text_ids
+
+        single = isinstance(input, str)
+        texts = [input] if single else input
+        if not isinstance(texts, Sequence) or isinstance(texts, bytes) or not all(isinstance(t, str) for t in texts):
+            raise OptionError(f"input must be a str or a list of str, not {_shown(input)}")
+        if not isinstance(truncate, bool):
+            raise OptionError(f"truncate must be True or False, not {_shown(truncate)}")
+        dims = check_int("dimensions", dimensions, 1, "components kept", none_ok=True)
+        out = []
+        for i, text in enumerate(texts):
+            ids = text_ids(self, text)
+            if len(ids) > self.n_ctx:
+                if not truncate:
+                    which = "input" if single else f"input[{i}]"
+                    raise OptionError(f"{which} has {len(ids)} tokens, more than the context of {self.n_ctx} "
+                                      "(truncate=True cuts it to fit)")
+                ids = ids[: self.n_ctx]
+            out.append(shorten(pooled(self, ids), dims))
+        return out[0] if single else out
+
     def logits(self, ids: Sequence[int], first_row: int = 0) -> np.ndarray:
         """float32 [len(ids) - first_row, n_vocab]: the logits at every position from ``first_row``
         on (default: all), in a fresh context. The earlier positions are evaluated but skip the

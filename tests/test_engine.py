@@ -247,6 +247,28 @@ def test_chat_continues_a_last_assistant_message(fast_models) -> None:
     assert "Paris" in reply
 
 
+def test_embed_leaves_the_conversation_and_refuses_bad_input(fast_models) -> None:
+    import numpy as np
+
+    from llmedge.sampling import OptionError
+
+    m = fast_models["smollm2"]
+    held = list(m.engine.cache.tokens)
+    one, many = m.embed("a cat"), m.embed(["a cat", "a dog"])
+    assert len(one) == 576 and abs(float(np.linalg.norm(one)) - 1) < 1e-6 and many[0] == one
+    assert list(m.engine.cache.tokens) == held
+    long = "word " * 600  # more than the 512-token context
+    assert len(m.embed(long)) == 576
+    for bad, words in ((lambda: m.embed(long, truncate=False), "input has 601 tokens, more than the context of 512"),
+                       (lambda: m.embed(["x", long], truncate=False), r"input\[1\] has"),
+                       (lambda: m.embed(5), "input must be a str or a list of str"),
+                       (lambda: m.embed(["x", 3]), "input must be"),
+                       (lambda: m.embed("x", dimensions=0), "dimensions must be an integer >= 1"),
+                       (lambda: m.embed("x", truncate="no"), "truncate must be True or False")):
+        with pytest.raises(OptionError, match=words):
+            bad()
+
+
 def test_an_earlier_conversation_comes_back_from_the_prefix_lru(smollm2_path: Path) -> None:
     a = [{"role": "system", "content": "You answer in French. " * 10}, {"role": "user", "content": "Bonjour?"}]
     b = [{"role": "user", "content": "Something else entirely, please."}]

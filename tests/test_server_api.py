@@ -254,6 +254,12 @@ def test_embeddings_through_both_clients_are_normalized_and_meaningful(base_url:
     assert np.allclose(got, e[:2], atol=1e-5) and o.usage.prompt_tokens > 0
     f = client.embeddings.create(model=MODEL, input=texts[0], encoding_format="float", dimensions=64)
     assert len(f.data[0].embedding) == 64
+    # the Python API's embed is the same computation
+    import llmedge
+
+    m = llmedge.load(MODEL, n_ctx=256)
+    assert np.allclose(m.embed(texts), e, atol=1e-5) and np.allclose(m.embed(texts[0]), e[0], atol=1e-5)
+    assert np.allclose(m.embed(texts[0], dimensions=64), f.data[0].embedding, atol=1e-5)
 
 
 def test_ollama_format_json_logprobs_stop_and_context_continuation(base_url: str) -> None:
