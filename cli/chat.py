@@ -498,8 +498,10 @@ class ChatSession:
 
     def __init__(self, model: Any, console: Console | None = None, params: dict[str, Any] | None = None,
                  verbose: bool = False, reload: Callable[[int, str], Any] | None = None,
-                 sessions: Path | None = None, out: Any = None, think: bool | str | None = None) -> None:
+                 sessions: Path | None = None, out: Any = None, think: bool | str | None = None,
+                 options: dict[str, Any] | None = None) -> None:
         self.model = model
+        self.run_options = dict(options or {})  # run's --no-shift (shift) and --keep (num_keep), every turn
         self.think = think  # None: the template's default; else enable_thinking (and a level)
         self.prompt_text = ""  # the last rendered prompt
         self.console = console or Console(highlight=False)
@@ -768,6 +770,7 @@ class ChatSession:
         # -1 (any negative seed) means a random one, as in Ollama; always given, so that a
         # Modelfile's negative seed is not laid over it
         options["seed"] = seed if isinstance(seed, int) and seed >= 0 else None
+        options.update(self.run_options)
         if options.get("num_predict") == -2:  # Ollama's "fill the context": stop where it is full
             options.update(num_predict=-1, shift=False)
         options["num_predict"] = predict_limit(options["num_predict"], self.model.n_ctx)
@@ -813,7 +816,7 @@ class ChatSession:
                                f"{self.model.n_ctx} tokens and are left out)", style="bright_black")
         options = self.generation_options()
         system_keep = getattr(self.model, "system_keep", None)
-        if self.system and callable(system_keep):
+        if self.system and callable(system_keep) and "num_keep" not in options:
             # a full context keeps the system message when the engine shifts it
             options["num_keep"] = system_keep(self._window(dropped), ids)
         interrupted = False
@@ -984,11 +987,12 @@ class ChatSession:
 # -- the loop ------------------------------------------------------------------------------------
 
 def chat(model: Any, params: dict[str, Any] | None = None, verbose: bool = False,
-         reload: Callable[[int], Any] | None = None, think: bool | str | None = None) -> None:
+         reload: Callable[[int, str], Any] | None = None, think: bool | str | None = None,
+         options: dict[str, Any] | None = None) -> None:
     """The interactive chat on the terminal, until Ctrl-D or /bye."""
     reader = InputReader(history_path())
     session = ChatSession(model, Console(highlight=False), params=params, verbose=verbose, reload=reload,
-                          think=think)
+                          think=think, options=options)
     session.reader = reader
     while True:
         try:

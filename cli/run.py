@@ -140,7 +140,10 @@ def run(
         m2.speculation = speculation if name == model else {}  # a draft model is for the first model
         return m2
 
-    chat(m, params, verbose=verbose, reload=reload, think=think)
+    fixed = {"shift": False} if no_shift else {}
+    if keep is not None:
+        fixed["num_keep"] = keep
+    chat(m, params, verbose=verbose, reload=reload, think=think, options=fixed)
 
 
 def prompt_with_stdin(prompt: str | None) -> str | None:

@@ -380,6 +380,27 @@ def test_old_messages_left_out_when_the_context_is_full(model, tmp_path: Path):
     assert ids == model.template.encode(s.messages[dropped:])
 
 
+def test_no_shift_and_keep_reach_every_chat_turn(smollm2_path: Path, tmp_path: Path, monkeypatch):
+    """run --no-shift / --keep without a prompt: the chat's answers stop at a full context (and keep
+    what --keep says), as the one-shot answers do."""
+    import llmedge
+    import llmedge.cli.chat as chat_module
+    import llmedge.cli.run as run_module
+
+    started = {}
+    monkeypatch.setattr(run_module, "prompt_with_stdin", lambda prompt: None)  # as on a terminal
+    monkeypatch.setattr(chat_module, "chat", lambda m, params, **kw: started.update(kw, model=m))
+    run_module.run(str(smollm2_path), None, ctx=64, no_shift=True, keep=5)
+    assert started["options"] == {"shift": False, "num_keep": 5}
+
+    m = llmedge.load(str(smollm2_path), n_ctx=64)
+    s, out = _session(m, tmp_path, options=started["options"], params={"temperature": 0})
+    s.handle("/set system Be a poet.")
+    assert s.generation_options()["shift"] is False and s.generation_options()["num_keep"] == 5
+    assert s.ask("Write a very long poem about the sea, at least a hundred lines.")
+    assert m.timings.prompt_eval_count + m.timings.eval_count <= 64 + 1  # stopped at the full context
+
+
 def test_num_ctx_reloads_the_model(any_model, tmp_path: Path):
     model = any_model
     s, out = _session(model, tmp_path)
