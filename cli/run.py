@@ -129,7 +129,7 @@ def run(
         return
     from llmedge.cli.chat import chat
 
-    params = dict(temperature=temperature, seed=seed, top_k=top_k, top_p=top_p, min_p=min_p,
+    params = dict(temperature=temperature, seed=-1 if random_seed else seed, top_k=top_k, top_p=top_p, min_p=min_p,
                   num_predict=num_predict)  # None: the model's default, else the chat's
 
     speculation = m.speculation

@@ -401,6 +401,25 @@ def test_no_shift_and_keep_reach_every_chat_turn(smollm2_path: Path, tmp_path: P
     assert m.timings.prompt_eval_count + m.timings.eval_count <= 64 + 1  # stopped at the full context
 
 
+def test_seed_minus_one_reaches_the_chat_over_a_modelfile_seed(model, tmp_path: Path, monkeypatch):
+    """run --seed -1 without a prompt: every chat turn samples with a random seed, also when the
+    model's Modelfile fixes one (the one-shot run already did so)."""
+    import llmedge.cli.chat as chat_module
+    import llmedge.cli.progress as progress_module
+    import llmedge.cli.run as run_module
+
+    monkeypatch.setattr(model, "defaults", {"parameters": {"seed": 42}}, raising=False)
+    monkeypatch.setattr(progress_module, "load_with_progress", lambda *a, **kw: model)
+    monkeypatch.setattr(run_module, "prompt_with_stdin", lambda prompt: None)  # as on a terminal
+    started = {}
+    monkeypatch.setattr(chat_module, "chat", lambda m, params, **kw: started.update(params=params))
+    run_module.run("any", None, seed=-1)
+    s, out = _session(model, tmp_path, params=started["params"])
+    assert s.generation_options()["seed"] is None  # a random one, not the Modelfile's 42
+    s.handle("/show parameters")
+    assert f"User defined parameters:\n{'seed':<30} -1\n" in out.getvalue()
+
+
 def test_num_ctx_reloads_the_model(any_model, tmp_path: Path):
     model = any_model
     s, out = _session(model, tmp_path)
