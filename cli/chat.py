@@ -37,7 +37,7 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from rich.markup import escape
 from rich.segment import Segment
 
-from llmedge.cli.options import parameter_problem, predict_limit
+from llmedge.cli.options import parameter_problem
 from llmedge.errors import LlmedgeError
 
 PROMPT = ">>> "
@@ -773,7 +773,6 @@ class ChatSession:
         options.update(self.run_options)
         if options.get("num_predict") == -2:  # Ollama's "fill the context": stop where it is full
             options.update(num_predict=-1, shift=False)
-        options["num_predict"] = predict_limit(options["num_predict"], self.model.n_ctx)
         return options
 
     def prompt_ids(self) -> tuple[list[int], int]:

@@ -34,14 +34,6 @@ def parameter_problem(name: str, value: Any) -> str | None:
     return None
 
 
-def predict_limit(num_predict: int, n_ctx: int) -> int:
-    """The tokens one answer may take: ``num_predict``, with Ollama's upper limit of ten contexts
-    (llm/server.go, "to avoid the model running on forever"): a negative num_predict (-1, until the
-    end of the text) or a larger one becomes ``10 * n_ctx``, else a model that never ends its text
-    would generate for ever while the context shifts."""
-    return 10 * n_ctx if num_predict < 0 or num_predict > 10 * n_ctx else num_predict
-
-
 def checked(name: str) -> Callable[[Any], Any]:
     """A Typer callback refusing a bad value of the parameter ``name`` as a usage error (exit 2)."""
     def check(value: Any) -> Any:

@@ -28,7 +28,6 @@ from llmedge.cli.options import (
     ModelArg,
     Threads,
     checked,
-    predict_limit,
     speculation_options,
 )
 
@@ -95,7 +94,7 @@ def run(
         n_predict = ((getattr(m, "defaults", None) or {}).get("parameters") or {}).get("num_predict", -1)
         n_predict = n_predict if isinstance(n_predict, int) and n_predict >= -2 else -1
     options.update(shift=not no_shift and n_predict != -2,  # -2, Ollama's "fill the context":
-                   max_tokens=predict_limit(n_predict, m.n_ctx))  # stop where the context is full
+                   max_tokens=n_predict)  # stop where the context is full (the engine caps at 10 contexts)
     if keep is not None:
         options["num_keep"] = keep
     prompt = prompt_with_stdin(prompt)

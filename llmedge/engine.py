@@ -139,7 +139,10 @@ class Generation:
         self.engine = engine
         self.cache = cache
         self.sampler = sampler
-        self.max_tokens = max_tokens
+        # at most ten contexts, Ollama's upper limit (llm/server.go, "to avoid the model running on
+        # forever"): while the context shifts, a text that never ends would be generated for ever
+        limit = 10 * engine.n_ctx
+        self.max_tokens = limit if max_tokens < 0 or max_tokens > limit else max_tokens
         self.shift = shift
         self.timings = Timings(load_duration=engine.load_duration)
         ids = list(ids)

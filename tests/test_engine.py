@@ -269,6 +269,17 @@ def test_embed_leaves_the_conversation_and_refuses_bad_input(fast_models) -> Non
             bad()
 
 
+def test_an_endless_text_stops_at_ten_contexts(smollm2_path: Path) -> None:
+    """max_tokens -1 (or more than ten contexts) with the context shifting: Ollama's limit of 10 * n_ctx
+    tokens, not a generation that never ends (greedy 'a a a' never ends its text)."""
+    m = llmedge.load(str(smollm2_path), backend=FAST, n_ctx=16)
+    for max_tokens in (-1, 10**6):
+        out = list(m.generate("a a a a a a a a", raw=True, temperature=0, max_tokens=max_tokens))
+        assert m.timings.eval_count == 160 and m.timings.done_reason == "length", (max_tokens, len(out))
+    list(m.generate("a a a a a a a a", raw=True, temperature=0, max_tokens=100))
+    assert m.timings.eval_count == 100
+
+
 def test_an_earlier_conversation_comes_back_from_the_prefix_lru(smollm2_path: Path) -> None:
     a = [{"role": "system", "content": "You answer in French. " * 10}, {"role": "user", "content": "Bonjour?"}]
     b = [{"role": "user", "content": "Something else entirely, please."}]

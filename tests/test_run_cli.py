@@ -152,14 +152,15 @@ def test_an_answer_that_never_ends_stops_at_ten_contexts(smollm2_path: Path, tmp
     assert "eval count:           160 token(s)" in res.stderr.splitlines(), res.stderr
 
 
-def test_chat_answers_stop_at_ten_contexts_unless_num_predict_says_less(model, tmp_path: Path):
+def test_chat_answers_run_to_the_end_of_the_text_unless_num_predict_says_less(model, tmp_path: Path):
+    """-1 (the engine stops it at ten contexts: test_an_answer_that_never_ends_stops_at_ten_contexts),
+    a set number, or -2: fill the context without shifting."""
     s, _ = _session(model, tmp_path)
-    assert s.generation_options()["num_predict"] == 10 * model.n_ctx
+    assert s.generation_options()["num_predict"] == -1
     s.handle("/set parameter num_predict 48")
     assert s.generation_options()["num_predict"] == 48
     s.handle("/set parameter num_predict -2")
-    assert s.generation_options()["num_predict"] == 10 * model.n_ctx
-    assert s.generation_options()["shift"] is False
+    assert s.generation_options()["num_predict"] == -1 and s.generation_options()["shift"] is False
 
 
 def test_unknown_model_is_one_line_error(tmp_path: Path):

@@ -107,6 +107,10 @@ def test_num_predict(url: str) -> None:
     assert_400(gen(url, "/v1/completions", prompt="x", max_tokens=10**12), "out of range")
     r = gen(url, options={"num_predict": -1, "num_ctx": 32})
     assert r.status_code == 200 and r.json()["eval_count"] >= 1
+    # a text that never ends (the tiny model's greedy one, with a stop string that never comes) ends at
+    # ten contexts, Ollama's limit, instead of shifting for ever
+    r = gen(url, raw=True, options={"num_predict": -1, "num_ctx": 32, "temperature": 0, "stop": ["\x00"]})
+    assert r.status_code == 200 and r.json()["eval_count"] == 320 and r.json()["done_reason"] == "length", r.text
 
 
 def test_num_ctx(url: str) -> None:

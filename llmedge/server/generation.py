@@ -203,7 +203,8 @@ class GenerationTask:
             n_keep = model.system_keep(with_defaults(model.defaults, req.messages), ids)
         if max_tokens is None:
             max_tokens = req.default_max_tokens
-        max_tokens = max_tokens if max_tokens is not None and max_tokens >= 0 else model.n_ctx
+        max_tokens = max_tokens if max_tokens is not None and max_tokens >= 0 else -1  # the engine stops at
+        # ten contexts, as Ollama does (a shifting context otherwise never ends a text that never ends)
         return GenRequest(ids, sampler, max_tokens, stop, n_keep, spec=model.spec_config(**speculative),
                           shift=req.truncate)
 
