@@ -992,6 +992,7 @@ def chat(model: Any, params: dict[str, Any] | None = None, verbose: bool = False
     reader = InputReader(history_path())
     session = ChatSession(model, Console(highlight=False), params=params, verbose=verbose, reload=reload,
                           think=think, options=options)
+    del model  # the session owns it: a /load frees it
     session.reader = reader
     while True:
         try:

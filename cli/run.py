@@ -142,7 +142,9 @@ def run(
     fixed = {"shift": False} if no_shift else {}
     if keep is not None:
         fixed["num_keep"] = keep
-    chat(m, params, verbose=verbose, reload=reload, think=think, options=fixed)
+    held = [m]  # handed over, not kept: after /load the first model must be freed, not held by this frame
+    del m
+    chat(held.pop(), params, verbose=verbose, reload=reload, think=think, options=fixed)
 
 
 def prompt_with_stdin(prompt: str | None) -> str | None:
