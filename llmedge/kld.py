@@ -11,8 +11,10 @@ llama.cpp's float32/float64 mix so the figures match llama-perplexity's.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Iterable
+import os
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -20,6 +22,7 @@ from typing import BinaryIO
 import numpy as np
 
 from llmedge.errors import LlmedgeError
+from llmedge.fsutil import remove_stale_temps, temp_path, umask_mode
 
 MAGIC = b"_logits_"
 F32 = np.float32
@@ -79,17 +82,32 @@ class BaseLogits:
         return self.n_ctx - 1 - self.n_ctx // 2
 
 
-def open_base(path: str | Path, n_ctx: int, n_vocab: int, n_chunk: int, tokens: list[int]) -> BinaryIO:
-    """Create a base file and write its header and tokens; the caller then writes each chunk's
-    :func:`quantize_rows` output, in order, and closes it."""
+@contextlib.contextmanager
+def open_base(path: str | Path, n_ctx: int, n_vocab: int, n_chunk: int, tokens: list[int]) -> Iterator[BinaryIO]:
+    """Create a base file and write its header and tokens; the body then writes each chunk's
+    :func:`quantize_rows` output, in order. The rows go to a temporary file beside ``path`` that
+    replaces it only when the body ends normally: an error or Ctrl-C part-way leaves no truncated
+    file, and an earlier file at ``path`` as it was."""
+    path = Path(path)
+    remove_stale_temps(path.parent, f".{path.name}.", ".tmp")  # what a killed run left behind
     try:
-        f = open(path, "wb")  # noqa: SIM115 (returned to the caller, who closes it)
-        f.write(MAGIC)
-        f.write(np.array([n_ctx, n_vocab, n_chunk], np.int32).tobytes())
-        f.write(np.asarray(tokens[: n_chunk * n_ctx], np.int32).tobytes())
+        fd, tmp = temp_path(path)
     except OSError as e:
         raise LlmedgeError(f"cannot write {path}: {e.strerror or e}") from None
-    return f
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), umask_mode())  # mkstemp's 0600: the file a plain open() would make
+            f.write(MAGIC)
+            f.write(np.array([n_ctx, n_vocab, n_chunk], np.int32).tobytes())
+            f.write(np.asarray(tokens[: n_chunk * n_ctx], np.int32).tobytes())
+            yield f
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise LlmedgeError(f"cannot write {path}: {e.strerror or e}") from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_base(path: str | Path, n_ctx: int, n_vocab: int, tokens: list[int], rows: Iterable[np.ndarray],

@@ -173,3 +173,34 @@ def test_a_chunk_size_that_scores_nothing_is_one_clear_error(tiny, ctx: int) -> 
     p = cli(str(tiny["f32"]), "-f", str(text), f"--ctx={ctx}", "--backend", "numpy")
     assert p.returncode == 1 and p.stdout == "" and p.stderr.count("\n") == 1, p.stderr
     assert p.stderr == f"Error: --ctx (tokens per chunk) must be an integer of at least 3, not {ctx}\n"
+
+
+def test_an_interrupted_save_leaves_no_truncated_base_file(tiny) -> None:
+    """The rows were written straight into the named file: Ctrl-C (or a failing chunk) part-way left a
+    truncated file there, in place of a good earlier one. Now they go to a temporary file beside it
+    that replaces it only once every chunk is written."""
+    d = tiny["dir"] / "interrupted"
+    d.mkdir()
+    target = d / "base.kld"
+    target.write_bytes(tiny["base"].read_bytes())
+
+    def stop(i: int, n: int, ppl: float) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        save_kld_base(load(tiny["q4"]), TEXT, target, CTX, on_chunk=stop)
+    assert target.read_bytes() == tiny["base"].read_bytes()
+    assert os.listdir(d) == ["base.kld"]
+    fresh = d / "fresh.kld"
+    with pytest.raises(KeyboardInterrupt):
+        save_kld_base(load(tiny["q4"]), TEXT, fresh, CTX, on_chunk=stop)
+    assert os.listdir(d) == ["base.kld"]
+    save_kld_base(load(tiny["q4"]), TEXT, fresh, CTX)
+    assert sorted(os.listdir(d)) == ["base.kld", "fresh.kld"]
+    assert kld.read_base(fresh).n_chunk >= 1 and (fresh.stat().st_mode & 0o777) == 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
