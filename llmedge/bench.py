@@ -890,6 +890,12 @@ def speculative_bench(model: str | os.PathLike[str], n_gen: int = 128, reps: int
     checked against the plain one (``same_text``)."""
     import llmedge
 
+    if reps < 1:
+        raise LlmedgeError("the number of repetitions (-r) must be at least 1")
+    if n_gen < 1:
+        raise LlmedgeError("nothing to run: the speculative test needs -n of at least 1 generated token")
+    if n_threads is not None and n_threads < 1:
+        raise LlmedgeError("thread counts (-t) must be at least 1")
     say = progress or (lambda msg: None)
     m = llmedge.load(str(model), backend=backend, n_threads=n_threads, n_ctx=2048)
     modes: dict[str, dict[str, Any]] = {"plain": {}, f"lookup={lookup}": {"lookup": lookup}}

@@ -312,3 +312,18 @@ def test_invalid_parameters_are_rejected() -> None:
                    BenchParams(compare="vllm")):
         with pytest.raises(LlmedgeError):
             params.validate()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["-r", "0"], "repetitions (-r) must be at least 1"),
+    (["-n", "0"], "nothing to run"),
+    (["-t", "0"], "thread counts (-t) must be at least 1"),
+])
+def test_speculative_test_refuses_what_it_cannot_run(smollm2_path: Path, args: list[str], message: str) -> None:
+    """-r 0 failed with "KeyError: 'plain'" after loading the model, -n 0 printed a table of zeros and
+    -t 0 ran where the llama-bench tests refuse it: now one clear error each, before loading."""
+    from llmedge.cli.main import app
+
+    result = CliRunner().invoke(app, ["bench", str(smollm2_path), "--speculative", "-r", "1", "-n", "4", *args])
+    assert result.exit_code != 0 and result.stdout == ""
+    assert isinstance(result.exception, LlmedgeError) and message in str(result.exception)
