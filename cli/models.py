@@ -116,13 +116,13 @@ def show(
     store = Store()
     path = store.resolve(model, pull=False)
     config = store.config(model)
+    g = GGUFFile(path)
+    check_model_file(g)  # before --modelfile too: it must not print a Modelfile FROM a file that is no model
     if modelfile:
         from llmedge.modelfile import render
 
         typer.echo(render(str(path), config), nl=False)
         return
-    g = GGUFFile(path)
-    check_model_file(g)
     arch = g.architecture
     model_class(arch)  # unsupported architectures fail here with a clear message
     tok = Tokenizer.from_metadata(g.metadata)

@@ -262,3 +262,16 @@ def test_cp_onto_itself_is_refused_and_help_says_where_a_path_works(populated: P
     for opt in ("--top-k", "--top-p", "--min-p"):
         line = next(x for x in help_run.splitlines() if opt in x)
         assert len(line.split(opt, 1)[1].strip()) > 20, line
+
+
+@pytest.mark.parametrize("flag", [[], ["--modelfile"], ["--template"], ["--json"]])
+def test_show_of_a_file_that_is_no_gguf_is_one_error_whatever_the_flag(tmp_path: Path, flag: list[str]) -> None:
+    """`show NOT_GGUF --modelfile` printed a Modelfile FROM that file and exited 0 (only the other forms
+    opened the file): now every form refuses it in one line."""
+    (tmp_path / "notes.gguf").write_text("not a model\n")
+    p = llmedge_cmd(tmp_path, "show", str(tmp_path / "notes.gguf"), *flag)
+    one_line_error(p, "not a GGUF file")
+    assert p.stdout == ""
+    whole = write_tiny_llama(tmp_path / "whole.gguf").read_bytes()
+    (tmp_path / "cut.gguf").write_bytes(whole[: len(whole) * 3 // 4])
+    one_line_error(llmedge_cmd(tmp_path, "show", str(tmp_path / "cut.gguf"), *flag), "runs past the end of the file")
