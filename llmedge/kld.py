@@ -89,6 +89,8 @@ def open_base(path: str | Path, n_ctx: int, n_vocab: int, n_chunk: int, tokens: 
     replaces it only when the body ends normally: an error or Ctrl-C part-way leaves no truncated
     file, and an earlier file at ``path`` as it was."""
     path = Path(path)
+    if path.is_dir():  # refused now, not by the rename after every chunk was computed
+        raise LlmedgeError(f"cannot write {path}: it is a directory")
     remove_stale_temps(path.parent, f".{path.name}.", ".tmp")  # what a killed run left behind
     try:
         fd, tmp = temp_path(path)

@@ -198,6 +198,10 @@ def test_an_interrupted_save_leaves_no_truncated_base_file(tiny) -> None:
     save_kld_base(load(tiny["q4"]), TEXT, fresh, CTX)
     assert sorted(os.listdir(d)) == ["base.kld", "fresh.kld"]
     assert kld.read_base(fresh).n_chunk >= 1 and (fresh.stat().st_mode & 0o777) == 0o666 & ~_umask()
+    seen = []
+    with pytest.raises(LlmedgeError, match="it is a directory"):  # before the first chunk, not after the last
+        save_kld_base(load(tiny["q4"]), TEXT, d, CTX, on_chunk=lambda *a: seen.append(a))
+    assert seen == [] and sorted(os.listdir(d)) == ["base.kld", "fresh.kld"]
 
 
 def _umask() -> int:
