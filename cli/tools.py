@@ -85,7 +85,8 @@ def _perplexity(model: str, text: str, ctx: int, save: Path | None, kv_type: str
         check_ctx(ctx, "--ctx")  # before loading the model: --ctx 0 would load it, then divide by zero
     except ValueError as e:
         raise LlmedgeError(str(e)) from None
-    m = load(model, backend=backend, n_ctx=ctx, n_threads=threads, kv_type=kv_type)
+    # a context holds at least 8 cells; a chunk of 3 to 7 tokens is evaluated in one of 8
+    m = load(model, backend=backend, n_ctx=max(8, ctx), n_threads=threads, kv_type=kv_type)
 
     def report(i: int, n: int, ppl: float) -> None:
         sys.stderr.write(f"[{i}/{n}] {ppl:.4f}\n")
@@ -103,7 +104,7 @@ def _kl_divergence(model: str, base_file: Path, text: str | None, kv_type: str,
     from llmedge.perplexity import kl_divergence
 
     base = kld.read_base(base_file)  # first: its n_ctx sizes the context
-    m = load(model, backend=backend, n_ctx=base.n_ctx, n_threads=threads, kv_type=kv_type)
+    m = load(model, backend=backend, n_ctx=max(8, base.n_ctx), n_threads=threads, kv_type=kv_type)
 
     def report(i: int, sums: kld.KldSums) -> None:
         if i == 1:  # after the base file has passed its checks

@@ -132,7 +132,7 @@ def read_base(path: str | Path) -> BaseLogits:
     if len(head) < 20 or head[:8] != MAGIC:
         raise LlmedgeError(f"{path} is not a file of base log-probabilities (llama-perplexity --kl-divergence-base)")
     n_ctx, n_vocab, n_chunk = (int(x) for x in np.frombuffer(head[8:], np.int32))
-    if n_ctx < 4 or n_vocab < 1 or n_chunk < 1:
+    if n_ctx < 3 or n_vocab < 1 or n_chunk < 1:  # 3: perplexity.MIN_CTX, the smallest chunk that scores a token
         raise LlmedgeError(f"{path} has an invalid header (n_ctx {n_ctx}, n_vocab {n_vocab}, n_chunk {n_chunk})")
     nv, n_scored = row_width(n_vocab), n_ctx - 1 - n_ctx // 2
     want = 20 + 4 * n_chunk * n_ctx + 2 * n_chunk * n_scored * nv
