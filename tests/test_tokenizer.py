@@ -448,3 +448,27 @@ def test_speed_benchmark_runs(smollm2_path: Path) -> None:
     out = subprocess.run([sys.executable, str(script), str(smollm2_path), "--kb", "4"],
                          capture_output=True, text=True, timeout=120, check=True).stdout
     assert "document: " in out and "encode cold" in out and "decode" in out
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_the_tokenize_command_gives_llama_cpp_ids_for_each_flag_and_from_stdin(model: str, paths, fixtures) -> None:
+    """`llmedge tokenize` as a user runs it: --bos and --special map to llama.cpp's add_special and
+    parse_special, '-' reads the text from stdin, and --pieces prints each id with its text."""
+    from typer.testing import CliRunner
+
+    from llmedge.cli.main import app
+
+    case = next(c for c in fixtures[model]["cases"] if c["text"].startswith(" <|im_end|> spaced <start_of_turn>"))
+    for bos, special in COMBOS:
+        flags = ["--bos"] * bos + ["--special"] * special
+        for text, stdin in ((case["text"], None), ("-", case["text"])):
+            r = CliRunner().invoke(app, ["tokenize", str(paths[model]), text, *flags], input=stdin)
+            assert r.exit_code == 0, (r.output, r.exception)
+            assert json.loads(r.stdout) == case["ids"][f"bos={int(bos)},special={int(special)}"], (flags, stdin)
+    want = case["ids"]["bos=1,special=1"]
+    r = CliRunner().invoke(app, ["tokenize", str(paths[model]), case["text"], "--bos", "--special", "--pieces"])
+    assert r.exit_code == 0, (r.output, r.exception)
+    rows = [line.split(None, 1) for line in r.stdout.splitlines()]
+    assert [int(i) for i, _ in rows] == want
+    tok = Tokenizer.from_metadata(GGUFFile(paths[model]).metadata)
+    assert "".join(json.loads(p) for _, p in rows) == tok.decode(want, special=True)
