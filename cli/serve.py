@@ -45,6 +45,9 @@ def serve(
         raise LlmedgeError(f"--max-queue / LLMEDGE_MAX_QUEUE must not be negative, not {config.max_queue}")
     if not 0 < config.port < 65536:
         raise LlmedgeError(f"invalid port {config.port}")
+    from llmedge.backends import choose_backend
+
+    choose_backend(config.backend)  # an unknown or unavailable backend ends here, not in every request
     # speculative decoding for every request: the flags over LLMEDGE_LOOKUP, LLMEDGE_DRAFT_MODEL, ...
     config.speculation.update({k: v for k, v in (("draft_model", draft_model), ("draft_max", draft_max),
                                                  ("draft_min", draft_min), ("lookup", lookup)) if v is not None})

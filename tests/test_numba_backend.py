@@ -32,6 +32,7 @@ from conftest import skip_or_fail
 from llmedge.backends import choose_backend, make_backend, native_status
 from llmedge.backends.numba_cpu import _X86_AVX2, FAST_ROWS, NumbaBackend, NumbaWeight
 from llmedge.backends.numpy_ref import NumpyBackend
+from llmedge.errors import LlmedgeError
 from llmedge.gguf import GGUFFile, TensorInfo
 from llmedge.quant import GGMLQuantizationType as T
 from llmedge.quant import dequantize, quantize, traits
@@ -463,6 +464,32 @@ def test_backend_selection(monkeypatch: pytest.MonkeyPatch) -> None:
     assert name == "numba" and why.startswith("native kernels not built (test); numba ") and "JIT" in why
     assert isinstance(make_backend("auto", 1), NumbaBackend)
     NumbaBackend(2)
+
+
+def test_a_bad_backend_from_the_environment_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    import llmedge.backends as backends
+
+    monkeypatch.setenv("LLMEDGE_BACKEND", "nunba")
+    with pytest.raises(LlmedgeError, match=r"^LLMEDGE_BACKEND=nunba: unknown backend 'nunba' \(choose from"):
+        choose_backend("auto")
+    monkeypatch.setenv("LLMEDGE_BACKEND", "numba")
+    monkeypatch.setattr(backends, "numba_status", lambda: (False, "numba is not importable (test)"))
+    with pytest.raises(LlmedgeError, match=r"^LLMEDGE_BACKEND=numba: the numba backend is unavailable: numba is not"):
+        choose_backend("auto")
+    assert choose_backend("native")[0] == "native" or not native_status()[0]  # a flag still overrides it
+
+
+@pytest.mark.parametrize(("args", "env", "line"), [
+    (["--backend", "nunba"], {}, "Error: unknown backend 'nunba' (choose from auto, native, numba, mlx, numpy)"),
+    ([], {"LLMEDGE_BACKEND": "nunba"}, "Error: LLMEDGE_BACKEND=nunba: unknown backend 'nunba' (choose from auto, "
+                                       "native, numba, mlx, numpy)"),
+])
+def test_serve_refuses_a_bad_backend_at_startup(args: list[str], env: dict[str, str], line: str) -> None:
+    """Not a server that answers every request with the error: one line and exit status 1 (before,
+    it started and ran until the timeout)."""
+    r = subprocess.run([sys.executable, "-m", "llmedge.cli.main", "serve", "--port", "18739", *args],
+                       capture_output=True, text=True, timeout=60, env={**os.environ, **env})
+    assert (r.returncode, r.stderr.strip(), r.stdout) == (1, line, "")
 
 
 def test_cli_show_and_run_on_numba(smollm2_path: Path) -> None:

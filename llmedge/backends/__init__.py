@@ -60,7 +60,11 @@ def choose_backend(name: str | None = "auto") -> tuple[str, str]:
     if name == "auto":
         env = os.environ.get("LLMEDGE_BACKEND", "").strip().lower()
         if env and env != "auto":
-            return choose_backend(env)[0], f"chosen by LLMEDGE_BACKEND={env}"
+            try:
+                chosen = choose_backend(env)[0]
+            except LlmedgeError as e:  # name the variable: the user typed no backend
+                raise LlmedgeError(f"LLMEDGE_BACKEND={env}: {e}") from None
+            return chosen, f"chosen by LLMEDGE_BACKEND={env}"
         if apple_silicon() and mlx_status()[0]:
             return "mlx", f"Apple Silicon: {mlx_status()[1]}"
         ok, why = native_status()
