@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 
 def pid_alive(pid: int) -> bool:
@@ -67,3 +69,27 @@ def temp_path(final: Path, suffix: str = ".tmp") -> tuple[int, Path]:
 
     fd, name = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.{os.getpid()}-", suffix=suffix)
     return fd, Path(name)
+
+
+@contextlib.contextmanager
+def atomic_write(final: Path) -> Iterator[BinaryIO]:
+    """Write ``final`` through a temporary file beside it, fsynced and renamed over it when the body
+    ends normally: an error or Ctrl-C part-way leaves ``final`` as it was (absent, or the earlier
+    file), never half a file. Temporary files that killed writers left are removed first; an OSError
+    creating the temporary file names ``final``, not it."""
+    remove_stale_temps(final.parent, f".{final.name}.", ".tmp")
+    try:
+        fd, tmp = temp_path(final)
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, str(final)) from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, umask_mode())
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(final.parent)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import BinaryIO
 import numpy as np
 
 from llmedge.errors import LlmedgeError
-from llmedge.fsutil import remove_stale_temps, temp_path, umask_mode
+from llmedge.fsutil import atomic_write
 
 MAGIC = b"_logits_"
 F32 = np.float32
@@ -91,26 +90,14 @@ def open_base(path: str | Path, n_ctx: int, n_vocab: int, n_chunk: int, tokens: 
     path = Path(path)
     if path.is_dir():  # refused now, not by the rename after every chunk was computed
         raise LlmedgeError(f"cannot write {path}: it is a directory")
-    remove_stale_temps(path.parent, f".{path.name}.", ".tmp")  # what a killed run left behind
     try:
-        fd, tmp = temp_path(path)
-    except OSError as e:
-        raise LlmedgeError(f"cannot write {path}: {e.strerror or e}") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), umask_mode())  # mkstemp's 0600: the file a plain open() would make
+        with atomic_write(path) as f:
             f.write(MAGIC)
             f.write(np.array([n_ctx, n_vocab, n_chunk], np.int32).tobytes())
             f.write(np.asarray(tokens[: n_chunk * n_ctx], np.int32).tobytes())
             yield f
-        os.replace(tmp, path)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise LlmedgeError(f"cannot write {path}: {e.strerror or e}") from None
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
 
 def write_base(path: str | Path, n_ctx: int, n_vocab: int, tokens: list[int], rows: Iterable[np.ndarray],
                n_chunk: int) -> None:

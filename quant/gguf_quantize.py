@@ -28,7 +28,7 @@ from typing import BinaryIO
 import numpy as np
 from gguf.constants import GGMLQuantizationType as T
 
-from llmedge.fsutil import fsync_dir, remove_stale_temps, temp_path, umask_mode
+from llmedge.fsutil import atomic_write
 from llmedge.gguf import GGUFFile
 
 from .dequant import dequantize
@@ -207,23 +207,8 @@ def _write(
     """Write the file under a temporary name beside ``dst``, fsync it, then rename it over ``dst``:
     a killed or failed run leaves ``dst`` as it was (absent or the previous file), never a partial
     GGUF under the final name; the next run removes the temporary files of killed ones."""
-    remove_stale_temps(dst.parent, f".{dst.name}.", ".tmp")
-    try:
-        fd, tmp = temp_path(dst)
-    except OSError as e:
-        raise OSError(e.errno, e.strerror, str(dst)) from None  # named after the output, not its temp file
-    try:
-        with os.fdopen(fd, "wb") as f:
-            size = _write_body(f, header, tensors, types, progress, imatrix_rows)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, umask_mode())
-        os.replace(tmp, dst)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(dst.parent)
-    return size
+    with atomic_write(dst) as f:
+        return _write_body(f, header, tensors, types, progress, imatrix_rows)
 
 
 def _write_body(

@@ -151,23 +151,9 @@ def write_imatrix_gguf(path: str | Path, stats: ImatrixStats, datasets: list[str
         infos[-1] += struct.pack("<IQ", 0, offset)
         offset += (data.nbytes + 31) // 32 * 32
     head = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(kvs)) + b"".join(kvs) + b"".join(infos)
-    import os
+    from llmedge.fsutil import atomic_write
 
-    from llmedge.fsutil import fsync_dir, remove_stale_temps, temp_path, umask_mode
-
-    path = Path(path)  # written beside itself and renamed: a killed run never leaves half a file
-    remove_stale_temps(path.parent, f".{path.name}.", ".tmp")
-    fd, tmp = temp_path(path)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(head + b"\0" * (-len(head) % 32))
-            for _, data in tensors:
-                f.write(data.tobytes() + b"\0" * (-data.nbytes % 32))
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, umask_mode())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
+    with atomic_write(Path(path)) as f:  # a killed run never leaves half a file
+        f.write(head + b"\0" * (-len(head) % 32))
+        for _, data in tensors:
+            f.write(data.tobytes() + b"\0" * (-data.nbytes % 32))
