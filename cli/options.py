@@ -16,7 +16,8 @@ def parameter_problem(name: str, value: Any) -> str | None:
     num_predict, temperature, top_p, ...), as a phrase to follow the name ("must be at least 8"),
     or None when it can. Shared by the command-line options, ``/set parameter`` and Modelfiles.
     num_predict follows Ollama: -1 generates until the end of the text, -2 until the context is
-    full, other negatives are refused; a negative seed means a random one."""
+    full, other negatives are refused; a negative seed means a random one; repeat_penalty 0, like 1,
+    is no penalty (see :class:`llmedge.sampling.SamplingOptions`)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     if isinstance(value, float) and not math.isfinite(value):
@@ -29,6 +30,8 @@ def parameter_problem(name: str, value: Any) -> str | None:
         return f"must be 0 or more (got {value})"
     if name in ("top_p", "min_p", "typical_p") and not 0 <= value <= 1:
         return f"must be between 0 and 1 (got {value})"
+    if name == "repeat_penalty" and value < 0:
+        return f"must be 0 or more (0 or 1: no penalty; got {value})"
     if name in ("top_k", "repeat_last_n") and value < -1:
         return f"must be -1 or more (got {value})"
     return None

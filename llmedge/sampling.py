@@ -62,9 +62,13 @@ class SamplingOptions:
 
     Ranges (checked on construction, OptionError otherwise): temperature >= 0 (0: greedy); top_k an
     integer >= -1 (0 or -1: no limit); top_p, min_p and typical_p in [0, 1] (top_p and typical_p 1,
-    min_p 0: off); repeat_penalty > 0 (1: off); repeat_last_n an integer >= -1 (0: no penalties, -1:
+    min_p 0: off); repeat_penalty >= 0 (1: off; 0 is stored as 1, see below); repeat_last_n an integer >= -1 (0: no penalties, -1:
     the whole history); presence_penalty and frequency_penalty finite; seed an integer or None
     (None or negative: a random seed, stored as None).
+
+    A repeat_penalty of 0 means no penalty, as Ollama's own runner reads it (x/mlxrunner/sample:
+    ``RepeatPenalty <= 0`` becomes 1): llama.cpp would divide the logits of every recent token by 0
+    and repeat them for ever, and the server's limits accept 0 as Ollama's API does.
     """
 
     temperature: float = 0.8
@@ -83,8 +87,8 @@ class SamplingOptions:
         self.top_k = check_int("top_k", self.top_k, -1, "0 or -1: no limit")
         for name in ("top_p", "min_p", "typical_p"):
             setattr(self, name, check_real(name, getattr(self, name), 0.0, 1.0))
-        self.repeat_penalty = check_real("repeat_penalty", self.repeat_penalty, 0.0, low_open=True,
-                                         what="1 is no penalty")
+        self.repeat_penalty = check_real("repeat_penalty", self.repeat_penalty, 0.0,
+                                         what="0 or 1: no penalty") or 1.0
         self.repeat_last_n = check_int("repeat_last_n", self.repeat_last_n, -1, "-1: the whole history")
         for name in ("presence_penalty", "frequency_penalty"):
             setattr(self, name, check_real(name, getattr(self, name), -math.inf))

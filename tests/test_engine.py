@@ -531,8 +531,8 @@ BAD_SAMPLING = [
     ("typical_p", 1.5, "typical_p must be a finite number in [0, 1]"),
     ("top_k", -5, "top_k must be an integer >= -1 (0 or -1: no limit), not -5"),
     ("top_k", "40", "top_k must be an integer >= -1"),
-    ("repeat_penalty", 0, "repeat_penalty must be a finite number > 0 (1 is no penalty), not 0"),
-    ("repeat_penalty", float("inf"), "repeat_penalty must be a finite number > 0"),
+    ("repeat_penalty", -0.5, "repeat_penalty must be a finite number >= 0 (0 or 1: no penalty), not -0.5"),
+    ("repeat_penalty", float("inf"), "repeat_penalty must be a finite number >= 0"),
     ("repeat_last_n", -2, "repeat_last_n must be an integer >= -1"),
     ("presence_penalty", float("nan"), "presence_penalty must be a finite number, not nan"),
     ("seed", "abc", "seed must be an integer or None (negative: random), not 'abc'"),
@@ -565,6 +565,20 @@ def test_valid_sampling_options_keep_their_meaning() -> None:
     seeded = [Sampler(SamplingOptions(seed=3)).sample(logits) for _ in range(3)]
     assert len(set(seeded)) == 1
     assert SamplingOptions() == SamplingOptions(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=None)
+
+
+def test_repeat_penalty_zero_is_no_penalty() -> None:
+    """The server's limits (as Ollama's API) accept repeat_penalty 0, which SamplingOptions refused
+    (a 400 for a value the limits allow); 0 now means no penalty, as Ollama's own runner reads it,
+    rather than llama.cpp's division by 0 that makes every recent token certain."""
+    history = [3, 7, 7]
+    logits = np.linspace(-2.0, 2.0, 10).astype(np.float32)
+    zero = Sampler(SamplingOptions(temperature=0, repeat_penalty=0))
+    assert zero.options.repeat_penalty == 1.0 and not zero.penalized
+    assert np.array_equal(zero._penalized(logits, history), logits.astype(np.float64))
+    assert zero.sample(logits, history) == 9
+    strong = Sampler(SamplingOptions(temperature=0, repeat_penalty=1e3))
+    assert strong.sample(logits, [9]) == 8  # a penalty still penalizes
 
 
 @pytest.fixture(scope="module")

@@ -237,10 +237,12 @@ def test_parameters_are_typed():
     for name, bad, why in [("num_ctx", "-5", "at least 8"), ("num_ctx", "0", "at least 8"),
                            ("num_predict", "-5", "-1 .until the end"), ("temperature", "nan", "finite"),
                            ("top_p", "5", "between 0 and 1"), ("min_p", "-1", "between 0 and 1"),
-                           ("typical_p", "inf", "finite"), ("repeat_penalty", "nan", "finite")]:
+                           ("typical_p", "inf", "finite"), ("repeat_penalty", "nan", "finite"),
+                           ("repeat_penalty", "-1", "0 or more .0 or 1: no penalty")]:
         with pytest.raises(LlmedgeError, match=f"^{name} must be .*{why}"):
             parse_parameter(name, [bad])
     assert parse_parameter("num_predict", ["-2"]) == -2 and parse_parameter("seed", ["-1"]) == -1
+    assert parse_parameter("repeat_penalty", ["0"]) == 0.0  # no penalty, as in the server and the API
 
 
 # -- the chat, headless ----------------------------------------------------------------------------

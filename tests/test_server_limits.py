@@ -190,6 +190,24 @@ def test_inert_options_take_any_number_and_change_nothing(url: str) -> None:
     assert threading.active_count() <= before + 2
 
 
+def test_repeat_penalty_zero_is_no_penalty_on_both_protocols(url: str) -> None:
+    """The limits accepted repeat_penalty 0 and the sampler then refused it (a 400 saying "> 0"); both
+    now read 0 as no penalty: the greedy answer equals the one at 1. Negative stays a 400."""
+    def text(path: str, penalty: float) -> str:
+        if path == "/api/generate":
+            r = gen(url, raw=True, options={"repeat_penalty": penalty, "temperature": 0, "num_predict": 12})
+            assert r.status_code == 200, r.text
+            return r.json()["response"]
+        r = gen(url, "/v1/completions", prompt="hello", repeat_penalty=penalty, temperature=0, max_tokens=12)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["text"]
+
+    for path in ("/api/generate", "/v1/completions"):
+        assert text(path, 0) == text(path, 1.0)
+    assert_400(gen(url, options={"repeat_penalty": -0.5}), "repeat_penalty")
+    assert_400(gen(url, "/v1/completions", prompt="hi", repeat_penalty=-0.5), "repeat_penalty")
+
+
 def test_null_options_keep_their_defaults(url: str) -> None:
     r = gen(url, options={"num_predict": None, "num_ctx": None, "temperature": None}, raw=True)
     assert r.status_code == 200 and r.json()["eval_count"] >= 1

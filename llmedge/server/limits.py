@@ -29,7 +29,7 @@ OPTION_RANGES: dict[str, tuple[float | None, float | None]] = {
     "top_p": (0.0, 1.0),
     "min_p": (0.0, 1.0),
     "typical_p": (0.0, 1.0),
-    "repeat_penalty": (0.0, 1000.0),
+    "repeat_penalty": (0.0, 1000.0),  # 0, like 1, is no penalty (SamplingOptions)
     "repeat_last_n": (-1, 1 << 24),
     "presence_penalty": (-1000.0, 1000.0),
     "frequency_penalty": (-1000.0, 1000.0),
