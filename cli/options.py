@@ -51,7 +51,8 @@ def checked(name: str) -> Callable[[Any], Any]:
 ModelArg = Annotated[str, typer.Argument(help="A catalog name (smollm2:135m), a store name or a .gguf path.")]
 Ctx = Annotated[int, typer.Option("--ctx", help=f"Context size in tokens (at least {MIN_CTX}).",
                                   callback=checked("num_ctx"))]
-Threads = Annotated[int | None, typer.Option("--threads", help="Compute threads (default: physical cores).")]
+Threads = Annotated[int | None, typer.Option("--threads",
+                                              help="Compute threads (default, 0 or -1: physical cores).")]
 BackendOpt = Annotated[str, typer.Option("--backend", help="auto, native, numba, mlx or numpy (LLMEDGE_BACKEND).")]
 
 DraftModelOpt = Annotated[str | None, typer.Option("--draft-model", help="A draft model with the same vocabulary "

@@ -302,8 +302,8 @@ def load(model: str | Path, backend: str = "auto", n_ctx: int = 4096, n_threads:
     """Load a catalog name, a store name or a path to a ``.gguf`` file (pulling a catalog name if needed).
 
     ``backend``: ``auto``, ``native``, ``numba``, ``mlx`` or ``numpy``; ``n_ctx``: the context in tokens
-    (0: the model's training context; never more than it); ``n_threads``: None or 0 for the backend's
-    default; ``kv_type``: ``f16``, ``f32`` or ``q8_0``; ``pull=False`` refuses a name not already
+    (0: the model's training context; never more than it); ``n_threads``: None, 0 or -1 for the
+    backend's default; ``kv_type``: ``f16``, ``f32`` or ``q8_0``; ``pull=False`` refuses a name not already
     stored; ``progress``: a callback for the pull's progress; ``insecure``: allow a registry over http.
     Bad arguments raise an OptionError (a ValueError) naming them; other problems an LlmedgeError.
     """
@@ -325,10 +325,15 @@ def load(model: str | Path, backend: str = "auto", n_ctx: int = 4096, n_threads:
 
 
 def _check_load_args(n_ctx: Any, n_threads: Any) -> tuple[int, int | None]:
-    """``n_ctx`` (0: the model's training context) and ``n_threads`` (None or 0: the backend's default)
-    as ints; OptionError (a ValueError) naming the argument and its range otherwise."""
-    return (check_int("n_ctx", n_ctx, 0, "0: the model's training context"),
-            check_int("n_threads", n_threads, 0, "None or 0: the backend's default", none_ok=True))
+    """``n_ctx`` (0: the model's training context) as an int and ``n_threads`` as an int or None (None,
+    0 or -1: the backend's default, -1 as llama-cpp-python's and llama.cpp's callers pass it);
+    OptionError (a ValueError) naming the argument and its range otherwise."""
+    n_ctx = check_int("n_ctx", n_ctx, 0, "0: the model's training context")
+    if n_threads is None or isinstance(n_threads, numbers.Integral) and not isinstance(n_threads, bool) \
+            and n_threads >= -1:
+        return n_ctx, None if n_threads is None or n_threads <= 0 else int(n_threads)
+    raise OptionError(f"n_threads must be a positive integer, or None, 0 or -1 for the backend's default, "
+                      f"not {_shown(n_threads)}")
 
 
 def token_ids(name: str, ids: Any, what: str = "a sequence of integer token ids") -> list[int]:

@@ -593,8 +593,9 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Model:
     ({"n_ctx": "abc"}, "n_ctx must be an integer >= 0 (0: the model's training context), not 'abc'"),
     ({"n_ctx": -5}, "n_ctx must be an integer >= 0 (0: the model's training context), not -5"),
     ({"n_ctx": 4096.0}, "n_ctx must be an integer >= 0"),
-    ({"n_threads": -1}, "n_threads must be an integer >= 0 or None (None or 0: the backend's default), not -1"),
-    ({"n_threads": "4"}, "n_threads must be an integer >= 0 or None"),
+    ({"n_threads": -2}, "n_threads must be a positive integer, or None, 0 or -1 for the backend's default, not -2"),
+    ({"n_threads": "4"}, "n_threads must be a positive integer, or None, 0 or -1"),
+    ({"n_threads": 2.0}, "n_threads must be a positive integer"),
 ])
 def test_bad_load_arguments_are_one_clear_value_error(tiny_model: Model, kwargs: dict, message: str) -> None:
     """n_ctx=-5 silently became the training context; "abc" and n_threads=-1 failed deep inside. The
@@ -604,6 +605,15 @@ def test_bad_load_arguments_are_one_clear_value_error(tiny_model: Model, kwargs:
         with pytest.raises(ValueError) as err:
             make()
         assert str(err.value).startswith(message)
+
+
+def test_n_threads_minus_one_or_none_is_the_backends_default(tiny_model: Model) -> None:
+    """llama-cpp-python's callers pass n_threads=-1 for "the default"; it was refused. -1, 0 and None
+    now all load with the backend's own thread count; a positive count is kept."""
+    default = Model(tiny_model.path, backend="numpy", n_ctx=64).backend.n_threads
+    for n in (-1, 0, None, np.int64(-1)):
+        assert Model(tiny_model.path, backend="numpy", n_ctx=64, n_threads=n).backend.n_threads == default
+    assert Model(tiny_model.path, backend="numpy", n_ctx=64, n_threads=np.int64(3)).backend.n_threads == 3
 
 
 def test_bad_generation_and_speculation_options_are_refused_before_generating(tiny_model: Model) -> None:
