@@ -16,7 +16,7 @@ import pytest
 from test_server_api import running_server
 
 sys.path.insert(0, str(Path(__file__).parent / "malformed"))
-from gguf_bytes import tiny_model  # noqa: E402
+from gguf_bytes import U32, tiny_model  # noqa: E402
 
 from llmedge.server import limits  # noqa: E402
 
@@ -361,3 +361,16 @@ def test_a_request_without_num_ctx_does_not_inherit_an_earlier_requests_small_co
     assert gen(url, options={"num_ctx": 64, "num_predict": 1}).status_code == 200  # an explicit one still wins
     assert [m["context_length"] for m in httpx.get(url + "/api/ps").json()["models"]] == [64]
     unload(url)
+
+
+def test_show_lists_embedding_only_for_a_model_with_a_pooling_type(url: str, tmp_path: Path) -> None:
+    """/api/show listed "embedding" for every model; Ollama lists it for a GGUF that sets
+    {arch}.pooling_type (an embedding model) and "completion" otherwise. Both still embed."""
+    from llmedge.store import Store
+
+    Store().create("tiny-embed:latest", tiny_model().kv("llama.pooling_type", U32, 1).write(tmp_path / "e.gguf"))
+    for name, caps in ((MODEL, ["completion"]), ("tiny-embed:latest", ["embedding"])):
+        r = httpx.post(url + "/api/show", json={"model": name}, timeout=30)
+        assert r.status_code == 200 and r.json()["capabilities"] == caps, r.text
+        r = httpx.post(url + "/api/embed", json={"model": name, "input": "hello"}, timeout=60)
+        assert r.status_code == 200 and len(r.json()["embeddings"]) == 1, r.text

@@ -74,7 +74,7 @@ def test_show_reports_the_file_type_capabilities_model_info_and_tensors(url: str
     client = ollama.Client(host=url)
     g = client.show(GEMMA)
     assert g.details.quantization_level == "Q4_K_M" and g.details.family == "gemma3"
-    assert g.capabilities == ["completion", "embedding"]
+    assert g.capabilities == ["completion"]  # a chat model; embedding is for pooling_type models
     assert g.modelinfo["gemma3.context_length"] == 32768 and g.modelinfo["general.architecture"] == "gemma3"
     assert g.modelinfo["tokenizer.ggml.tokens"] is None  # long arrays only with verbose
     s = client.show(MODEL)

@@ -211,6 +211,6 @@ def test_show_lists_tools_and_thinking_when_the_template_has_them(url: str) -> N
     import ollama
 
     client = ollama.Client(host=url)
-    assert client.show(TOOLS_MODEL).capabilities == ["completion", "tools", "embedding"]
-    assert client.show(THINK_MODEL).capabilities == ["completion", "thinking", "embedding"]
-    assert client.show(MODEL).capabilities == ["completion", "embedding"]
+    assert client.show(TOOLS_MODEL).capabilities == ["completion", "tools"]
+    assert client.show(THINK_MODEL).capabilities == ["completion", "thinking"]
+    assert client.show(MODEL).capabilities == ["completion"]

@@ -401,8 +401,11 @@ def describe_gguf(path: Any, verbose: bool = False) -> dict[str, Any]:
 
 
 def capabilities(name: str, path: Any, info: dict[str, Any]) -> list[str]:
-    """What /api/show lists: completion, tools and thinking when the model's chat template (its
-    TEMPLATE, else the GGUF's) supports them, embedding (the server embeds with any model)."""
+    """What /api/show lists, by Ollama's rules (server/images.go, ggufCapabilities): ``embedding`` for a
+    model whose GGUF sets ``{arch}.pooling_type`` (an embedding model), else ``completion``; ``tools``
+    and ``thinking`` when the model's chat template (its TEMPLATE, else the GGUF's) supports them.
+    ``insert`` is never listed (no suffix support here) nor ``vision`` (no image input). Embedding
+    does not need the capability: /api/embed embeds with any model, as Ollama's does."""
     from types import SimpleNamespace
 
     from llmedge.defaults import template_choice
@@ -414,9 +417,10 @@ def capabilities(name: str, path: Any, info: dict[str, Any]) -> list[str]:
     source = info.get("template") or fallback_template(info.get("family", ""))[1]
     gguf = ChatTemplate(source)
     template, _ = template_choice(Store().config(name), SimpleNamespace(template=gguf, tokenizer=None))
-    caps = ["completion"]
+    pooled = f"{info.get('family', '')}.pooling_type" in (info.get("model_info") or {})
+    caps = ["embedding" if pooled else "completion"]
     if supports_tools(template):
         caps.append("tools")
     if supports_thinking(template):
         caps.append("thinking")
-    return [*caps, "embedding"]
+    return caps
