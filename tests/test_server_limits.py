@@ -242,6 +242,45 @@ def test_openai_refuses_an_unknown_role_n_above_one_and_logit_bias(url: str) -> 
     assert r.status_code == 200, r.text  # Ollama hands any role to the template
 
 
+def test_openai_fields_it_cannot_honour_are_400s_naming_them_unless_at_their_default(url: str) -> None:
+    """best_of=3 (and audio, functions, ...) were ignored silently: the answer was one plain candidate.
+    Each is now a 400 whose OpenAI error names the field as ``param``; at its default it is accepted,
+    and the official client's ordinary requests (and fields that cannot change the answer) still work."""
+    import openai
+
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+    hi = [{"role": "user", "content": "hi"}]
+    refusals = [("/v1/completions", {"prompt": "hi", "best_of": 3}, "best_of=3 is not supported"),
+                ("/v1/completions", {"prompt": "hi", "n": 2}, "n=2 is not supported"),
+                ("/v1/completions", {"prompt": "hi", "suffix": "x"}, "does not support suffix"),
+                ("/v1/chat/completions", {"messages": hi, "logit_bias": {"5": 1}}, "logit_bias is not supported"),
+                ("/v1/chat/completions", {"messages": hi, "audio": {"voice": "alloy", "format": "wav"}},
+                 "audio is not supported"),
+                ("/v1/chat/completions", {"messages": hi, "modalities": ["text", "audio"]},
+                 "modalities is not supported"),
+                ("/v1/chat/completions", {"messages": hi, "functions": [{"name": "f", "parameters": {}}]},
+                 "functions is not supported: deprecated by OpenAI; use tools"),
+                ("/v1/chat/completions", {"messages": hi, "function_call": {"name": "f"}}, "function_call"),
+                ("/v1/chat/completions", {"messages": hi, "web_search_options": {}}, "web_search_options"),
+                ("/v1/chat/completions", {"messages": hi, "verbosity": "low"}, 'verbosity="low" is not supported')]
+    for path, fields, words in refusals:
+        r = gen(url, path, **fields)
+        assert_400(r, words)
+        field = next(k for k in fields if k not in ("prompt", "messages"))
+        assert r.json()["error"]["param"] == field and r.json()["error"]["code"] == "unsupported_value", r.text
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=MODEL, prompt="hi", max_tokens=2, best_of=2)
+    assert e.value.param == "best_of" and "best_of=2 is not supported" in e.value.message
+    c = client.completions.create(model=MODEL, prompt="hi", max_tokens=2, best_of=1, n=1, logit_bias={}, user="u")
+    assert c.choices[0].finish_reason in ("length", "stop")
+    o = client.chat.completions.create(model=MODEL, messages=hi, max_tokens=2, n=1, modalities=["text"],
+                                       store=False, metadata={"k": "v"}, user="u", service_tier="auto",
+                                       verbosity="medium", prediction={"type": "content", "content": "hi"})
+    assert o.choices[0].message.role == "assistant"
+    assert gen(url, "/v1/chat/completions", messages=hi, max_tokens=1, functions=[], function_call="none",
+               audio=None).status_code == 200
+
+
 def test_openai_seed_negative_is_random_and_not_an_integer_is_400(url: str) -> None:
     """A negative seed was handed to the sampler as is (a 500); it means random, as in Ollama's options."""
     from llmedge.server.openai import parse_sampling

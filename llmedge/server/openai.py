@@ -98,6 +98,45 @@ def parse_messages(messages: Any, roles: tuple[str, ...] | None = None) -> list[
     return out
 
 
+def refused(field: str, message: str, cls: type[BadRequest] = Unsupported) -> BadRequest:
+    """A 400 whose OpenAI error names ``field`` as its ``param`` (code ``unsupported_value``, as
+    OpenAI's own refusal of a value a model does not support)."""
+    e = cls(message)
+    e.param, e.code = field, "unsupported_value"
+    return e
+
+
+# OpenAI request fields this server cannot honour, per endpoint: each is accepted when absent, null or
+# one of the listed values (its default: some clients send n=1, best_of=1 and logit_bias={} explicitly)
+# and refused otherwise with a 400 naming it, never ignored. llama.cpp's server refuses best_of even
+# at 1, which breaks those clients; Ollama ignores them all. Fields that cannot change the answer are
+# accepted and ignored: user, metadata, store, service_tier, safety_identifier, prompt_cache_key,
+# prompt_cache_retention, and prediction (predicted outputs only make generation faster).
+DEFAULT_ONLY: dict[str, dict[str, tuple[tuple[Any, ...], str]]] = {
+    "chat": {
+        "audio": ((), "no audio output here"),
+        "modalities": ((["text"],), 'text output only (["text"])'),
+        "functions": (([],), "deprecated by OpenAI; use tools"),
+        "function_call": (("none", "auto"), "deprecated by OpenAI; use tool_choice"),
+        "web_search_options": ((), "no web search here"),
+        "verbosity": (("medium",), 'the model answers at its own length ("medium")'),
+    },
+    "completion": {
+        "best_of": ((1,), "one candidate per request (best_of=1)"),
+    },
+}
+
+
+def check_default_only(body: dict[str, Any], endpoint: str) -> None:
+    """Refuse a field of DEFAULT_ONLY[endpoint] set to anything but its default (see DEFAULT_ONLY)."""
+    for field, (defaults, why) in DEFAULT_ONLY[endpoint].items():
+        value = body.get(field)
+        if value is None or (not isinstance(value, bool) and any(value == d for d in defaults)):
+            continue
+        shown = f"={json.dumps(value)[:40]}" if isinstance(value, str | int | float) else ""
+        raise refused(field, f"{field}{shown} is not supported: {why}")
+
+
 def parse_sampling(body: dict[str, Any]) -> dict[str, Any]:
     """OpenAI request fields -> ``{"sampling", "max_tokens", "stop"}`` (only the fields that were set)."""
     sampling: dict[str, Any] = {}
@@ -117,12 +156,12 @@ def parse_sampling(body: dict[str, Any]) -> dict[str, Any]:
         limits.check_range("max_tokens", max_tokens)
     n = body.get("n")
     if n is not None and (n := number(n, "n", int)) != 1:
-        raise BadRequest(f"n={n} is not supported: one choice per request (n=1)")
+        raise refused("n", f"n={n} is not supported: one choice per request (n=1)")
     bias = body.get("logit_bias")
     if bias is not None and not isinstance(bias, dict):
         raise BadRequest("logit_bias must be an object mapping token ids to biases")
     if bias:  # not applied by the sampler: refused rather than silently ignored
-        raise Unsupported("logit_bias is not supported")
+        raise refused("logit_bias", "logit_bias is not supported")
     return {"sampling": sampling, "max_tokens": max_tokens, "stop": parse_stop(body.get("stop"))}
 
 
@@ -219,6 +258,7 @@ def _sampling_into(body: dict[str, Any], req: GenerationRequest) -> None:
 
 def chat_request(body: dict[str, Any], name: str, key: str, path: Any) -> GenerationRequest:
     """/v1/chat/completions -> GenerationRequest."""
+    check_default_only(body, "chat")
     req = GenerationRequest(name, key, path, "chat", messages=parse_messages(body.get("messages"), OPENAI_ROLES),
                             tools=normalize_tools(body.get("tools")), keep_alive="default", truncate=False)
     _sampling_into(body, req)
@@ -247,8 +287,9 @@ def completion_request(body: dict[str, Any], name: str, key: str, path: Any) -> 
             raise BadRequest("prompt must be a string, a list of one string, or a list of token ids")
     elif not isinstance(prompt, str):
         raise BadRequest("prompt must be a string or a list of token ids")
+    check_default_only(body, "completion")
     if body.get("suffix"):
-        raise Unsupported(f"'{name}' does not support suffix")
+        raise refused("suffix", f"'{name}' does not support suffix")
     lp = body.get("logprobs")
     top = 0 if lp is None else int(number(lp, "logprobs", int))
     if not 0 <= top <= 20:
