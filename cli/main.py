@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 import typer
+from typer.core import TyperGroup
 
 from llmedge.cli import bench as bench_cmd
 from llmedge.cli import convert as convert_cmd
@@ -17,8 +19,25 @@ from llmedge.cli import running as running_cmds
 from llmedge.cli import serve as serve_cmd
 from llmedge.cli import tools as tools_cmds
 
+
+class OutputClosed(Exception):
+    """Standard output was closed by its reader (``llmedge run M P | head -2``)."""
+
+
+class _Group(TyperGroup):
+    """Typer's group, with a closed standard output raised as OutputClosed: Typer itself turns a
+    BrokenPipeError into a bare exit status 1, which :func:`main` could not tell from an error."""
+
+    def invoke(self, ctx):  # click.Group.invoke
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError as e:
+            raise OutputClosed from e
+
+
 app = typer.Typer(
     name="llmedge",
+    cls=_Group,
     help="Run quantized GGUF language models locally, token for token like llama.cpp.",
     no_args_is_help=True,
     add_completion=False,
@@ -44,11 +63,15 @@ app.command("imatrix")(imatrix_cmd.imatrix)
 
 
 def main() -> None:
-    """Console entry point: errors become one line on stderr and exit status 1, never a traceback."""
+    """Console entry point: errors become one line on stderr and exit status 1, never a traceback; a
+    closed standard output ends quietly with status 141 (see :func:`_output_closed`)."""
     from llmedge.errors import LlmedgeError
 
     try:
         code = app(args=optional_values(sys.argv[1:]), standalone_mode=False)
+        sys.stdout.flush()  # what is still buffered meets a closed pipe here, not at exit
+    except (OutputClosed, BrokenPipeError):
+        _output_closed()
     except LlmedgeError as e:
         _fail(str(e))
     except KeyboardInterrupt:
@@ -87,6 +110,20 @@ def optional_values(args: list[str]) -> list[str]:
             a = f"{a}={OPTIONAL_VALUES[a]}"
         out.append(a)
     return out
+
+
+def _output_closed() -> None:
+    """End quietly when the reader of standard output has gone (``| head``), as ``cat`` or ``ollama``
+    do: no message, exit status 141 (128 + SIGPIPE), what a shell reports for a command SIGPIPE ended,
+    so ``set -o pipefail`` still sees that the output was cut. The process exits normally (its
+    ``finally`` blocks and exit handlers run) rather than dying of the signal; what is left in the
+    output buffer goes to /dev/null instead of failing again at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    sys.exit(128 + signal.SIGPIPE)
 
 
 def _fail(message: str) -> None:

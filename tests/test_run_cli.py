@@ -204,6 +204,26 @@ def test_ctrl_c_during_a_one_shot_answer_exits_130(smollm2_path: Path, tmp_path:
     assert b"Traceback" not in err
 
 
+def test_a_reader_that_stops_reading_ends_the_answer_quietly_with_141(smollm2_path: Path, tmp_path: Path):
+    """``llmedge run M "Count to 50" | head -2`` exited 1 with no message (Click's handling of
+    BrokenPipeError); it now ends as cat or ollama do under head: no output on stderr, status 141
+    (128 + SIGPIPE, what the shell shows for them)."""
+    env = {**os.environ, "LLMEDGE_MODELS": str(tmp_path / "store")}
+    p = subprocess.Popen([sys.executable, "-m", "llmedge.cli.main", "run", str(smollm2_path), "Count to 50",
+                          "--temperature", "0", "--num-predict", "300"],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        lines = [p.stdout.readline(), p.stdout.readline()]  # what head -2 reads, then it closes the pipe
+        p.stdout.close()
+        err = p.stderr.read()
+        p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert all(lines), err.decode()
+    assert p.returncode == 128 + signal.SIGPIPE and err == b"", (p.returncode, err.decode())
+
+
 # -- input parsing ---------------------------------------------------------------------------------
 
 def test_multiline_input_rules():
