@@ -600,11 +600,13 @@ class ChatSession:
                 args = words[3:]
             try:
                 value = parse_parameter(name, args)
-                self.set_parameter(name, value)
+                used = self.set_parameter(name, value)
             except LlmedgeError as e:
                 self.say(f"Couldn't set parameter: {e}")
                 return
-            self.say(f"Set parameter '{name}' to '{_format_value(value)}'")
+            note = "" if used == value else (f" ({self.model.name}'s training context: "
+                                             f"{_format_value(value)} is more than it can use)")
+            self.say(f"Set parameter '{name}' to '{_format_value(used)}'{note}")
         elif what == "system":
             rest = line.split(None, 2)[2] if len(words) > 2 else ""
             if not rest.strip():
@@ -636,11 +638,19 @@ class ChatSession:
         else:
             self.say(HELP_SET)
 
-    def set_parameter(self, name: str, value: Any) -> None:
-        if name == "num_ctx" and value != self.model.n_ctx:
-            self._reload(value)
+    def set_parameter(self, name: str, value: Any) -> Any:
+        """Set ``name`` for the next turns and return the value in effect. num_ctx is capped at the
+        model's training context, as Ollama caps it (llm/server.go), and reloads the model when the
+        context changes; the capped value is what /show parameters and /show modelfile then say."""
+        if name == "num_ctx":
+            train = getattr(getattr(self.model, "params", None), "n_ctx_train", 0)
+            value = min(value, train) if train > 0 else value
+            if value != self.model.n_ctx:
+                self._reload(value)
+            value = self.model.n_ctx
         self.params[name] = value
         self.user_set.add(name)
+        return value
 
     def _reload(self, n_ctx: int) -> None:
         """Load the model again with another context (the conversation stays; its cache does not)."""

@@ -451,6 +451,25 @@ def test_num_ctx_reloads_the_model(any_model, tmp_path: Path):
     assert "Set parameter 'num_ctx' to '512'" in out.getvalue()
 
 
+def test_num_ctx_over_the_training_context_says_and_shows_the_one_used(model, tmp_path: Path):
+    """/set parameter num_ctx 100000 showed 100000 in /show parameters while the model ran at its
+    training context (8192 for smollm2); the chat now says the capped value and shows it, and asking
+    again for more does not load the model a second time."""
+    s, out = _session(model, tmp_path)
+    train = model.params.n_ctx_train
+    s.handle("/set parameter num_ctx 100000")
+    loaded = s.model
+    assert loaded.n_ctx == train == 8192
+    assert (f"Set parameter 'num_ctx' to '{train}' ({model.name}'s training context: 100000 is more than "
+            "it can use)") in out.getvalue()
+    s.handle("/set parameter num_ctx 200000")
+    assert s.model is loaded
+    s.handle("/show parameters")
+    assert f"{'num_ctx':<30} {train}\n" in out.getvalue() and "100000\n" not in out.getvalue()
+    s.handle("/show modelfile")
+    assert f"PARAMETER num_ctx {train}" in out.getvalue()
+
+
 def test_load_of_a_model_switches_the_chat_to_it(model, gemma3_path: Path, tmp_path: Path, monkeypatch):
     """/load NAME that is no saved session loads the model NAME, as Ollama's /load: a new conversation,
     the parameters set so far kept; a model that is not there is one line and the chat goes on."""
