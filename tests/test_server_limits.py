@@ -163,7 +163,7 @@ def test_keep_alive(url: str) -> None:
 
 
 @pytest.mark.parametrize("option,bad", [("temperature", -1), ("temperature", 1e9), ("temperature", "hot"),
-                                        ("top_p", 1.5), ("top_p", -0.1), ("min_p", 2), ("top_k", -1),
+                                        ("top_p", 1.5), ("top_p", -0.1), ("min_p", 2), ("top_k", -2),
                                         ("top_k", 10**12), ("repeat_penalty", -2), ("repeat_last_n", -5),
                                         ("presence_penalty", 1e6), ("seed", "x"), ("num_keep", -9),
                                         ("stop", 5), ("stop", ["x"] * 100), ("stop", "x" * 2000),
@@ -205,6 +205,19 @@ def test_repeat_penalty_zero_is_no_penalty_on_both_protocols(url: str) -> None:
     for path in ("/api/generate", "/v1/completions"):
         assert text(path, 0) == text(path, 1.0)
     assert_400(gen(url, options={"repeat_penalty": -0.5}), "repeat_penalty")
+
+
+def test_top_k_minus_one_is_no_limit_as_zero_is(url: str) -> None:
+    """Ollama hands top_k to llama.cpp, where 0 or less is no limit, and SamplingOptions and the chat
+    take -1 as that; the limits refused -1 with a 400. A seeded sample at -1 now equals one at 0."""
+    def answer(k: int) -> str:
+        r = gen(url, raw=True, options={"top_k": k, "temperature": 1.5, "seed": 3, "num_predict": 12})
+        assert r.status_code == 200, r.text
+        return r.json()["response"]
+
+    assert answer(-1) == answer(0)
+    r = gen(url, "/v1/completions", prompt="hello", top_k=-1, temperature=1.5, seed=3, max_tokens=12)
+    assert r.status_code == 200, r.text
     assert_400(gen(url, "/v1/completions", prompt="hi", repeat_penalty=-0.5), "repeat_penalty")
 
 

@@ -25,7 +25,7 @@ MAX_KEEP_ALIVE = 10 * 365 * 86400.0  # longer is the same as forever
 # option -> (low, high), inclusive; None: unbounded on that side
 OPTION_RANGES: dict[str, tuple[float | None, float | None]] = {
     "temperature": (0.0, 1000.0),
-    "top_k": (0, 1 << 24),
+    "top_k": (-1, 1 << 24),  # 0 and -1: no limit, as in llama.cpp's sampler and SamplingOptions
     "top_p": (0.0, 1.0),
     "min_p": (0.0, 1.0),
     "typical_p": (0.0, 1.0),

@@ -94,8 +94,6 @@ def parse_options(options: Any) -> dict[str, Any]:
             continue
         else:
             raise BadOption(f"unknown option '{key}'")
-    if "top_k" in sampling and sampling["top_k"] < 0:
-        raise BadRequest("option top_k must not be negative")
     for key, value in options.items():
         limits.check_range(key, value)
     return out
