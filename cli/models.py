@@ -9,6 +9,8 @@ import typer
 
 from llmedge.cli.options import MIN_CTX, BackendOpt, ModelArg, checked, parameter_problem
 
+DEFAULT_CTX = 4096  # run's and serve's context when neither the command nor the model sets one
+
 StoreModelArg = Annotated[str, typer.Argument(help="A model in the local store (smollm2:135m).")]
 PullModelArg = Annotated[str, typer.Argument(help="A catalog name (smollm2:135m), hf.co/ORG/REPO[:QUANT] "
                                              "or an Ollama registry name.")]
@@ -91,21 +93,32 @@ def cp(source: StoreModelArg, destination: Annotated[str, typer.Argument(help="T
     typer.echo(f"copied '{source}' to '{destination}'")
 
 
+ONE_FIELD = ("--license", "--modelfile", "--parameters", "--system", "--template")
+
+
 def show(
     model: ModelArg,
-    template: Annotated[bool, typer.Option("--template", help="Print only the chat template.")] = False,
+    license_: Annotated[bool, typer.Option("--license", help="Print only the license (the model's LICENSE, "
+                                           "else the GGUF's general.license).")] = False,
     modelfile: Annotated[bool, typer.Option("--modelfile", help="Print the model's Modelfile.")] = False,
+    parameters: Annotated[bool, typer.Option("--parameters", help="Print only the PARAMETERs, as Ollama does.")]
+    = False,
+    system: Annotated[bool, typer.Option("--system", help="Print only the system message.")] = False,
+    template: Annotated[bool, typer.Option("--template", help="Print only the chat template.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the details as JSON.")] = False,
     backend: BackendOpt = "auto",
-    ctx: Annotated[int, typer.Option("--ctx", help=f"Context size for the KV cache figure (at least {MIN_CTX}).",
-                                     callback=checked("num_ctx"))] = 4096,
+    ctx: Annotated[int | None, typer.Option(
+        "--ctx", help=f"Context size for the KV cache figure (at least {MIN_CTX}; default: the model's num_ctx "
+                      f"PARAMETER, else {DEFAULT_CTX}).", callback=checked("num_ctx"))] = None,
     kv_type: Annotated[str, typer.Option("--kv-type", help="KV cache cells: f16, f32 or q8_0.")] = "f16",
 ) -> None:
     """Show a model's architecture, parameters, context length, quantization, template, backend and
-    the KV cache one sequence needs."""
+    the KV cache one sequence needs; or one of its Ollama fields (--license, --modelfile,
+    --parameters, --system, --template)."""
     from collections import Counter
 
     from llmedge.backends import choose_backend
+    from llmedge.errors import LlmedgeError
     from llmedge.gguf import GGUFFile
     from llmedge.modelcheck import check_model_file
     from llmedge.models import model_class
@@ -113,6 +126,12 @@ def show(
     from llmedge.template import ChatTemplate
     from llmedge.tokenizer import Tokenizer
 
+    chosen_flags = [f for f, on in zip(ONE_FIELD, (license_, modelfile, parameters, system, template)) if on]
+    if len(chosen_flags) > 1:  # Ollama's message, before anything is read
+        raise LlmedgeError("only one of '--license', '--modelfile', '--parameters', '--system', or '--template' "
+                           "can be specified")
+    if chosen_flags and as_json:
+        raise LlmedgeError(f"--json prints every detail; it cannot be combined with {chosen_flags[0]}")
     store = Store()
     path = store.resolve(model, pull=False)
     config = store.config(model)
@@ -123,12 +142,22 @@ def show(
 
         typer.echo(render(str(path), config), nl=False)
         return
+    if parameters:  # Ollama: fmt.Println(resp.Parameters)
+        typer.echo(parameters_text(config.get("parameters") or {}))
+        return
+    if license_:  # Ollama: fmt.Println(resp.License)
+        own = g.get("general.license")
+        typer.echo("\n".join(config.get("license") or []) or (own if isinstance(own, str) else ""))
+        return
+    if system:  # Ollama: fmt.Print(resp.System)
+        typer.echo(config.get("system") or "", nl=False)
+        return
     arch = g.architecture
     model_class(arch)  # unsupported architectures fail here with a clear message
     tok = Tokenizer.from_metadata(g.metadata)
     tmpl, origin = _template(ChatTemplate.from_metadata(g.metadata, tok), tok, config)
-    if template:
-        typer.echo(tmpl.source)
+    if template:  # Ollama: fmt.Print(resp.Template)
+        typer.echo(tmpl.source, nl=False)
         return
     n_params = sum(t.n_elements for t in g.tensors.values())
     types = Counter(t.type_name for t in g.tensors.values())
@@ -147,8 +176,9 @@ def show(
         "backend": f"{chosen} ({why})",
         **({"kernel tier": _kernel_tier()} if chosen == "native" else {}),
     }
-    m = _load(path, chosen, ctx, kv_type)
-    info.update(_model_lines(m, chosen))
+    n_ctx, ctx_origin = run_context(ctx, config)
+    m = _load(path, chosen, n_ctx, kv_type)
+    info.update(_model_lines(m, chosen, ctx_origin))
     report = getattr(m.backend, "weight_report", None)
     if report is not None:  # what each tensor became on a backend that converts them (mlx)
         info["weights"] = _weights_line(g, report())
@@ -166,6 +196,77 @@ def show(
     typer.echo("\n  Template")
     first = tmpl.source.strip().splitlines()
     typer.echo("    " + (first[0][:100] + (" ..." if len(first) > 1 or len(first[0]) > 100 else "")))
+
+
+def run_context(ctx: int | None, config: dict) -> tuple[int, str]:
+    """The context (before the model's own limit) the KV cache figure is for, and where it comes from:
+    ``--ctx``, else the model's num_ctx PARAMETER, else the default."""
+    if ctx is not None:
+        return ctx, "--ctx"
+    num_ctx = (config.get("parameters") or {}).get("num_ctx")
+    if isinstance(num_ctx, int | float) and not isinstance(num_ctx, bool) and num_ctx == int(num_ctx) \
+            and parameter_problem("num_ctx", num_ctx) is None:
+        return int(num_ctx), "the model's num_ctx"
+    return DEFAULT_CTX, "the default"
+
+
+def parameters_text(params: dict) -> str:
+    """The PARAMETERs as ``ollama show --parameters`` prints them: a line per value (``stop`` a line
+    per string), the name padded to 30 columns, the value as Go's ``%#v`` prints the JSON-decoded
+    value (numbers are float64 there: 4096, 0.7, 1e+06; strings quoted)."""
+    lines = []
+    for k, v in params.items():
+        for item in v if isinstance(v, list) else [v]:
+            lines.append(f"{k:<30} {_go_value(item)}")
+    return "\n".join(lines)
+
+
+def _go_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return _go_float(float(v))
+    return _go_quote(str(v))
+
+
+def _go_float(v: float) -> str:
+    """Go's ``%v`` of a float64 (strconv's shortest ``g``: exponent form below 1e-4 and from 1e+06)."""
+    import math
+    from decimal import Decimal
+
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    if v == 0:
+        return "-0" if math.copysign(1, v) < 0 else "0"
+    sign, digits, exp10 = Decimal(repr(v)).as_tuple()
+    ds = "".join(map(str, digits)).rstrip("0")
+    exp10 += len(digits) - len(ds)  # trailing zeros moved into the exponent
+    x = len(ds) + exp10 - 1  # the decimal exponent of the first digit
+    neg = "-" if sign else ""
+    if x < -4 or x >= 6:
+        return f"{neg}{ds[0]}{'.' + ds[1:] if len(ds) > 1 else ''}e{'-' if x < 0 else '+'}{abs(x):02d}"
+    return neg + format(Decimal(f"{ds}e{exp10}"), "f")
+
+
+_GO_ESCAPES = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\v": "\\v",
+               '"': '\\"', "\\": "\\\\"}
+
+
+def _go_quote(s: str) -> str:
+    """Go's ``strconv.Quote``: escapes for quotes, backslashes and what is not printable."""
+    out = []
+    for ch in s:
+        if ch in _GO_ESCAPES:
+            out.append(_GO_ESCAPES[ch])
+        elif ch.isprintable():
+            out.append(ch)
+        elif ord(ch) < 0x80:
+            out.append(f"\\x{ord(ch):02x}")
+        else:
+            out.append(f"\\u{ord(ch):04x}" if ord(ch) < 0x10000 else f"\\U{ord(ch):08x}")
+    return '"' + "".join(out) + '"'
 
 
 def _kernel_tier() -> str:
@@ -200,9 +301,10 @@ def _weights_line(g, report: dict[str, str]) -> str:
     return ", ".join(f"{t} -> {what} x{n}" for (t, what), n in sorted(became.items()))
 
 
-def _model_lines(m, backend: str) -> dict[str, str]:
+def _model_lines(m, backend: str, ctx_origin: str = "--ctx") -> dict[str, str]:
     """The family with the features its layers use, whether the native fused stack runs it (or why
-    not), and the KV cache one sequence needs."""
+    not), and the KV cache one sequence needs at the context the model runs at (``ctx_origin``
+    says where that context comes from)."""
     info = m.cache_info()
     rings = f", {info['layers_ring']} sliding-window layers of {info['ring_cells']} cells" if info["layers_ring"] else ""
     out = {"family": m.model.describe()}
@@ -211,8 +313,8 @@ def _model_lines(m, backend: str) -> dict[str, str]:
 
         why = stack_decline_reason(m.model)
         out["fused stack"] = "yes (every layer in one native call)" if why is None else f"no, op by op: {why}"
-    out["kv cache"] = (f"{_size(info['sequence_bytes'])} per sequence at {info['n_ctx']} tokens, {info['kv_type']} "
-                       f"({info['layers_full']} full layers{rings})")
+    out["kv cache"] = (f"{_size(info['sequence_bytes'])} per sequence at {info['n_ctx']} tokens ({ctx_origin}), "
+                       f"{info['kv_type']} ({info['layers_full']} full layers{rings})")
     return out
 
 

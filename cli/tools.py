@@ -48,21 +48,30 @@ def perplexity(
     kl_div: Annotated[bool, typer.Option(
         "--kl-divergence", help="Compare with the log-probs saved in --kl-divergence-base (llama-perplexity's file).",
     )] = False,
+    chunks: Annotated[int | None, typer.Option(
+        "--chunks", help="Score only the first N chunks (default: all; with --kl-divergence, of the base file).",
+    )] = None,
     kv_type: Annotated[str, typer.Option("--kv-type", help="KV cache cells: f16, f32 or q8_0.")] = "f16",
     threads: Threads = None,
     backend: BackendOpt = "auto",
 ) -> None:
-    """Perplexity of a text file, computed as llama-perplexity does; or the KL divergence from a base model."""
+    """Perplexity of a text file, computed as llama-perplexity does (its final estimate with its
+    +/-); or the KL divergence from a base model."""
     from llmedge.errors import LlmedgeError
+    from llmedge.perplexity import check_chunks
 
+    try:
+        check_chunks(chunks, "--chunks")  # before reading the text or loading the model
+    except ValueError as e:
+        raise LlmedgeError(str(e)) from None
     text = _read_text(file) if file is not None else None
     if kl_div:
         if kld_base is None:
             raise LlmedgeError("--kl-divergence needs --kl-divergence-base FILE (made by the base model)")
-        return _kl_divergence(model, kld_base, text, kv_type, threads, backend)
+        return _kl_divergence(model, kld_base, text, chunks, kv_type, threads, backend)
     if text is None:
         raise LlmedgeError("perplexity needs a text: -f FILE")
-    _perplexity(model, text, ctx, kld_base, kv_type, threads, backend)
+    _perplexity(model, text, ctx, chunks, kld_base, kv_type, threads, backend)
 
 
 def _read_text(file: Path) -> str:
@@ -74,7 +83,7 @@ def _read_text(file: Path) -> str:
         raise LlmedgeError(f"cannot read {file}: {e}") from None
 
 
-def _perplexity(model: str, text: str, ctx: int, save: Path | None, kv_type: str,
+def _perplexity(model: str, text: str, ctx: int, chunks: int | None, save: Path | None, kv_type: str,
                 threads: int | None, backend: str) -> None:
     from llmedge.api import load
     from llmedge.errors import LlmedgeError
@@ -91,13 +100,19 @@ def _perplexity(model: str, text: str, ctx: int, save: Path | None, kv_type: str
     def report(i: int, n: int, ppl: float) -> None:
         sys.stderr.write(f"[{i}/{n}] {ppl:.4f}\n")
 
-    r = compute(m, text, ctx, on_chunk=report) if save is None else save_kld_base(m, text, save, ctx, report)
-    typer.echo(f"Final estimate: PPL = {r.ppl:.4f} ({r.n_chunks} chunks of {ctx}, {r.n_scored} tokens scored)")
+    r = (compute(m, text, ctx, on_chunk=report, n_chunks=chunks) if save is None
+         else save_kld_base(m, text, save, ctx, report, n_chunks=chunks))
+    typer.echo(f"Final estimate: {estimate(r)} ({r.n_chunks} chunks of {ctx}, {r.n_scored} tokens scored)")
     if save is not None:
         typer.echo(f"saved the log-probs of {r.n_chunks} chunks to {save}")
 
 
-def _kl_divergence(model: str, base_file: Path, text: str | None, kv_type: str,
+def estimate(r) -> str:
+    """``PPL = 17.7700 +/- 0.51234`` as llama-perplexity prints it (no +/- where it prints none)."""
+    return f"PPL = {r.ppl:.4f}" + ("" if r.uncertainty is None else f" +/- {r.uncertainty:.5f}")
+
+
+def _kl_divergence(model: str, base_file: Path, text: str | None, chunks: int | None, kv_type: str,
                    threads: int | None, backend: str) -> None:
     from llmedge import kld
     from llmedge.api import load
@@ -111,6 +126,6 @@ def _kl_divergence(model: str, base_file: Path, text: str | None, kv_type: str,
             typer.echo(kld.TABLE_HEADER)
         typer.echo(kld.chunk_line(i, sums))
 
-    sums = kl_divergence(m, base, text, on_chunk=report)
+    sums = kl_divergence(m, base, text, on_chunk=report, n_chunks=chunks)
     typer.echo("")
     typer.echo(kld.report(kld.statistics(sums)))

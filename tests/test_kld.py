@@ -6,6 +6,7 @@ recomputation from both models' logits, mismatched base files are refused in one
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -223,8 +224,34 @@ def test_the_smallest_chunk_sizes_score_and_round_trip_through_a_base_file(tiny,
     p = cli(str(tiny["f32"]), "-f", str(text), "--ctx", str(ctx), "--kl-divergence-base", str(base),
             "--backend", "numpy")
     assert p.returncode == 0, p.stderr
-    assert f"Final estimate: PPL = {want.ppl:.4f} ({want.n_chunks} chunks of {ctx}," in p.stdout
+    plus_minus = "" if want.uncertainty is None else f" +/- {want.uncertainty:.5f}"
+    assert f"Final estimate: PPL = {want.ppl:.4f}{plus_minus} ({want.n_chunks} chunks of {ctx}," in p.stdout
     assert kld.read_base(base).n_ctx == ctx
     p = cli(str(tiny["f32"]), "--kl-divergence-base", str(base), "--kl-divergence", "--backend", "numpy")
     assert p.returncode == 0, p.stderr
     assert "Same top p: 100.000 ± 0.000 %" in p.stdout
+
+
+def test_chunks_limits_the_saved_base_and_the_comparison(tiny) -> None:
+    """--chunks N (llama-perplexity's): a base file of the first N chunks, and a comparison over the first
+    N chunks of a longer base file, both equal to what the API gives for them."""
+    text = tiny["dir"] / "chunks.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    whole = kld.read_base(tiny["base"])
+    assert whole.n_chunk == 2
+    base = tiny["dir"] / "one-chunk.kld"
+    p = cli(str(tiny["f32"]), "-f", str(text), "--ctx", str(CTX), "--kl-divergence-base", str(base),
+            "--chunks", "1", "--backend", "numpy")
+    assert p.returncode == 0, p.stderr
+    assert "(1 chunks of 128," in p.stdout and p.stderr.count("\n") == 1
+    one = kld.read_base(base)
+    assert one.n_chunk == 1 and np.array_equal(one.tokens, whole.tokens[:CTX])
+    assert np.array_equal(np.asarray(one.rows[0]), np.asarray(whole.rows[0]))
+    sums = kl_divergence(load(tiny["q4"]), tiny["base"], n_chunks=1)
+    assert sums.count == one.n_scored
+    p = cli(str(tiny["q4"]), "--kl-divergence-base", str(tiny["base"]), "--kl-divergence", "--chunks", "1",
+            "--backend", "numpy")
+    assert p.returncode == 0, p.stderr
+    mine = [line for line in p.stdout.splitlines() if re.match(r"\s*\d+\s+\d+\.\d+ ±", line)]
+    assert len(mine) == 1, p.stdout  # one chunk line
+    assert kld.report(kld.statistics(sums)) in p.stdout
