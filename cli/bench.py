@@ -37,9 +37,12 @@ def bench(
     progress: Annotated[bool, typer.Option("--progress", help="Print progress lines on stderr.")] = False,
     speculative: Annotated[bool, typer.Option(
         "--speculative", help="Instead: greedy decode rate on copy-heavy tasks, plain vs --lookup (and "
-                              "--draft-model), with accepted tokens per forward.")] = False,
+                              "--draft-model), with accepted tokens per forward. Its prompts are fixed: it takes "
+                              "one -n and one -t value, -r, --backend, -o and --progress, and refuses the rest "
+                              "(-p, -d, -b, -ub, --compare, --no-warmup, --rss-probe).")] = False,
     draft_model: Annotated[str | None, typer.Option("--draft-model", help="With --speculative: a draft model.")]
     = None,
+    context: typer.Context = None,
 ) -> None:
     """Benchmark prompt processing (ppN) and generation (tgN) as llama-bench does."""
     from llmedge.bench import OUTPUT_FORMATS, BenchParams, format_results, parse_int_list, run_bench
@@ -47,15 +50,22 @@ def bench(
 
     if output not in OUTPUT_FORMATS:
         raise LlmedgeError(f"unknown output format '{output}' (choose from {', '.join(OUTPUT_FORMATS)})")
+    if draft_model is not None and not speculative:
+        raise LlmedgeError("--draft-model is for the speculative test: add --speculative")
     if speculative:
         from llmedge.bench import format_speculative, speculative_bench
+
+        _refuse_for_speculative(context)
+        gens, counts = parse_int_list(n_gen, "-n"), parse_int_list(threads, "-t") if threads else [None]
+        for flag, values in (("-n", gens), ("-t", counts)):
+            if len(values) > 1:
+                raise LlmedgeError(f"--speculative takes one {flag} value, not a list of {len(values)}")
 
         def note(msg: str) -> None:
             if progress:
                 sys.stderr.write(f"llmedge bench: {msg}\n")
 
-        rows = speculative_bench(model, n_gen=parse_int_list(n_gen, "-n")[0], reps=repetitions, backend=backend,
-                                 n_threads=parse_int_list(threads, "-t")[0] if threads else None,
+        rows = speculative_bench(model, n_gen=gens[0], reps=repetitions, backend=backend, n_threads=counts[0],
                                  draft_model=draft_model, progress=note)
         sys.stdout.write(format_speculative(rows, output))
         return
@@ -71,3 +81,22 @@ def bench(
     results = run_bench(model, params, progress=say if progress else None)
     sys.stdout.write(format_results(results, output, params))
     sys.stdout.flush()
+
+
+# the llama-bench options the speculative test has no use for: its prompts and batches are its own
+_NOT_SPECULATIVE = {"n_prompt": "-p", "n_depth": "-d", "batch_size": "-b", "ubatch_size": "-ub",
+                    "compare": "--compare", "warmup": "--warmup/--no-warmup",
+                    "rss_probe": "--rss-probe/--no-rss-probe"}
+
+
+def _refuse_for_speculative(context: typer.Context | None) -> None:
+    """One line naming the first option given that --speculative would otherwise ignore."""
+    from llmedge.errors import LlmedgeError
+
+    if context is None:
+        return
+    for name, flag in _NOT_SPECULATIVE.items():
+        source = context.get_parameter_source(name)  # typer may bundle its own click: match the enum by name
+        if source is not None and source.name != "DEFAULT":
+            raise LlmedgeError(f"{flag} does not apply to --speculative (it decodes its own copy-heavy prompts, "
+                               "with -n, -r and -t); leave it out, or run the llama-bench tests without --speculative")

@@ -327,3 +327,35 @@ def test_speculative_test_refuses_what_it_cannot_run(smollm2_path: Path, args: l
     result = CliRunner().invoke(app, ["bench", str(smollm2_path), "--speculative", "-r", "1", "-n", "4", *args])
     assert result.exit_code != 0 and result.stdout == ""
     assert isinstance(result.exception, LlmedgeError) and message in str(result.exception)
+
+
+@pytest.mark.parametrize(("args", "flag"), [
+    (["-p", "64"], "-p"), (["-d", "128"], "-d"), (["-p", "512"], "-p"), (["-b", "64"], "-b"), (["-ub", "64"], "-ub"),
+    (["--compare", "llama.cpp"], "--compare"), (["--no-warmup"], "--warmup/--no-warmup"),
+    (["--no-rss-probe"], "--rss-probe/--no-rss-probe"),
+])
+def test_speculative_test_refuses_the_llama_bench_options_it_would_ignore(smollm2_path: Path, args: list[str],
+                                                                          flag: str) -> None:
+    """--speculative -p 64 -d 128 ran its own fixed prompts from an empty cache and printed a table as
+    if -p and -d had been used: now the option is named and nothing runs (even -p given at its default)."""
+    from llmedge.cli.main import app
+
+    result = CliRunner().invoke(app, ["bench", str(smollm2_path), "--speculative", "-r", "1", "-n", "4", *args])
+    assert result.exit_code != 0 and result.stdout == ""
+    assert isinstance(result.exception, LlmedgeError)
+    assert str(result.exception).startswith(f"{flag} does not apply to --speculative")
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--speculative", "-n", "4,8"], "--speculative takes one -n value, not a list of 2"),
+    (["--speculative", "-n", "4", "-t", "1,2"], "--speculative takes one -t value, not a list of 2"),
+    (["--draft-model", "x.gguf", "-p", "16", "-n", "4"], "--draft-model is for the speculative test"),
+])
+def test_speculative_lists_and_a_draft_model_without_it_are_refused(smollm2_path: Path, args: list[str],
+                                                                     message: str) -> None:
+    """Only the first -n and -t values were run; --draft-model without --speculative was ignored."""
+    from llmedge.cli.main import app
+
+    result = CliRunner().invoke(app, ["bench", str(smollm2_path), "-r", "1", *args])
+    assert result.exit_code != 0 and result.stdout == ""
+    assert isinstance(result.exception, LlmedgeError) and message in str(result.exception)
