@@ -452,6 +452,24 @@ def test_warmup_records_compile_seconds(be: NumbaBackend) -> None:
     NumbaBackend(2)
 
 
+@pytest.mark.parametrize("value", ["avx2", "sse9"])
+def test_llmedge_isa_is_named_once_as_the_native_backends(value: str, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """LLMEDGE_ISA picks a native kernel tier; numba has none to pick, so any value (a tier or not)
+    gives one line saying so, once per process, and the backend works on."""
+    monkeypatch.setattr(NumbaBackend, "_isa_noted", False)
+    monkeypatch.delenv("LLMEDGE_ISA", raising=False)
+    NumbaBackend(2)
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("LLMEDGE_ISA", value)
+    be = NumbaBackend(2)
+    NumbaBackend(2)
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and f"LLMEDGE_ISA={value} applies to the native backend only" in err[0], err
+    x = np.ones((1, 64), np.float32)
+    np.testing.assert_array_equal(be.rms_norm(x, None, 0.0), x)
+
+
 def test_backend_selection(monkeypatch: pytest.MonkeyPatch) -> None:
     import llmedge.backends as backends
 

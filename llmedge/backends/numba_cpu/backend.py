@@ -1,9 +1,12 @@
 """The Numba backend class: :class:`NumbaWeight` (views of a weight's GGUF rows) and
 :class:`NumbaBackend`, which checks arguments, picks serial or parallel kernels and warms the
-compile cache."""
+compile cache. ``LLMEDGE_ISA`` picks the native backend's kernel tier only: numba compiles its
+kernels for this CPU (:attr:`NumbaBackend.isa`), so it says so in one line and goes on."""
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import time
 from typing import Any, ClassVar
@@ -113,6 +116,7 @@ class NumbaBackend:
     #: seconds spent compiling (or loading from the disk cache) kernels, summed over the process
     compile_seconds_total: ClassVar[float] = 0.0
     _warm: ClassVar[bool] = False
+    _isa_noted: ClassVar[bool] = False
 
     def __init__(self, n_threads: int | None = None) -> None:
         n = int(n_threads) if n_threads else physical_cores()
@@ -122,8 +126,18 @@ class NumbaBackend:
         self.compile_seconds = 0.0
         self.isa = _llvm_cpu()
         self._set_threads()
+        self._note_forced_isa()
 
     # ------------------------------------------------------------------ setup
+
+    def _note_forced_isa(self) -> None:
+        """One line on stderr, once per process, when ``LLMEDGE_ISA`` is set: it selects the native
+        backend's kernel tier, which numba has no counterpart of (its kernels are compiled for this CPU)."""
+        want = os.environ.get("LLMEDGE_ISA", "").strip()
+        if want and not NumbaBackend._isa_noted:
+            NumbaBackend._isa_noted = True
+            print(f"llmedge: LLMEDGE_ISA={want} applies to the native backend only; numba compiles its kernels "
+                  f"for this CPU ({self.isa or 'host'})", file=sys.stderr)
 
     def _set_threads(self) -> None:
         if getattr(_tls, "n", None) != self.n_threads:
