@@ -14,11 +14,12 @@ code, so the inner work is emitted as vector IR directly). For Q4_0, Q4_1, Q5_0,
 Q5_K and Q6_K they follow ggml's AVX2 ``vec_dot`` kernels: integer products summed in 8 lanes of
 four values (``pmaddubsw``/``pmaddwd`` on x86 with AVX2, plain vector IR elsewhere), one fused
 multiply-add per lane and block, llama.cpp's final horizontal sums, so on an AVX2 CPU the decode
-products equal llama.cpp's bit for bit (prompts too, except where llama.cpp switches Q5_K and Q6_K
-to its tiled kernels from 8 rows). Q4_K products take llama.cpp's kernel choice and order per
-product, as the native backend does: with a multiple of 8 weight rows its repacked GEMV order, and
-for prompts of more than 3 rows its repacked GEMM order (and that kernel's Q8_K sign rule) on the
-first n - n % 4 rows; else from 8 rows its tiled order. Q2_K, Q3_K, IQ4_NL and IQ4_XS are
+products equal llama.cpp's bit for bit. From 8 activation rows every K-quant product that is not
+repacked takes llama.cpp's tiled GEMM order (per block the exact integer totals, then
+buf += (d * s1 - dmin * s2) * d8), as the native backend does. Q4_K products take llama.cpp's kernel
+choice and order per product: with a multiple of 8 weight rows its repacked GEMV order, and for
+prompts of more than 3 rows its repacked GEMM order (and that kernel's Q8_K sign rule) on the first
+n - n % 4 rows; else the tiled order from 8 rows. IQ4_NL, and Q2_K, Q3_K and IQ4_XS below 8 rows, are
 summed per block in ggml's generic order (a few float32 ulps from llama.cpp's SIMD kernels); F32,
 F16 and BF16 weights in double. Float ops follow llama.cpp's CPU arithmetic on an AVX2 machine as
 the native backend does, bit for bit: ggml's vectorized ``expf`` (SiLU, softmax), the fused

@@ -217,79 +217,95 @@ def _q3_k_scale(wu, so, i):
 
 
 @njit
+def _k_scales(t, wu, b):
+    """Block ``b``'s byte offset, F16 scale and F16 min (0 where the type has none) as float32."""
+    if t == TQ2_K:
+        o = b * 84
+        return o, _hb(wu, o + 80), _hb(wu, o + 82)
+    if t == TQ3_K:
+        o = b * 110
+        return o, _hb(wu, o + 108), F32(0.0)
+    if t == TQ4_K or t == TQ5_K:
+        o = b * (144 if t == TQ4_K else 176)
+        return o, _hb(wu, o), _hb(wu, o + 2)
+    if t == TQ6_K:
+        o = b * 210
+        return o, _hb(wu, o + 208), F32(0.0)
+    o = b * 136  # IQ4_XS
+    return o, _hb(wu, o), F32(0.0)
+
+
+@njit
+def _k_ints(t, wu, wi, o, aq, ab, bs, bb):
+    """Exact integer totals of one K-quant block (at byte ``o``) times Q8_K, in scalar code: s1 =
+    sub-block scales times q . a (Q3_K's -4 and Q6_K's -32 offsets folded in), s2 = mins times the
+    activation sums (0 for the types without mins)."""
+    isum = 0
+    summ = 0
+    if t == TQ4_K:
+        for sb in range(8):
+            sc, mn = _k_scale_min(wu, o + 4, sb)
+            isub = _dot_f1_32(wu, o + 16 + (sb >> 1) * 32, (sb & 1) * 4, 15, 0, 0, 0, 0, aq, ab + sb * 32)
+            isum += sc * isub
+            summ += mn * (bs[bb + 2 * sb] + bs[bb + 2 * sb + 1])
+    elif t == TQ6_K:
+        for h in range(2):
+            for g in range(4):
+                for half in range(2):
+                    sidx = h * 8 + g * 2 + half
+                    lo = o + h * 64 + (32 if (g & 1) else 0) + half * 16
+                    ho = o + 128 + h * 32 + half * 16
+                    isub = _dot_f2_16(wu, lo, 4 * (g >> 1), 15, ho, 2 * g, 3, 4, aq, ab + sidx * 16)
+                    isum += wi[o + 192 + sidx] * (isub - 32 * bs[bb + sidx])
+    elif t == TQ5_K:
+        for sb in range(8):
+            sc, mn = _k_scale_min(wu, o + 4, sb)
+            isub = _dot_f2_32(wu, o + 48 + (sb >> 1) * 32, (sb & 1) * 4, 15, o + 16, sb, 1, 4, aq, ab + sb * 32)
+            isum += sc * isub
+            summ += mn * (bs[bb + 2 * sb] + bs[bb + 2 * sb + 1])
+    elif t == TQ2_K:
+        for i in range(16):
+            sc = _u(wu, o + i)
+            qo = o + 16 + (i >> 3) * 32 + (i & 1) * 16
+            isub = _dot_f1_16(wu, qo, 2 * ((i & 7) >> 1), 3, 0, 0, 0, 0, aq, ab + i * 16)
+            isum += (sc & 15) * isub
+            summ += (sc >> 4) * bs[bb + i]
+    elif t == TQ3_K:
+        for i in range(16):
+            qo = o + 32 + (i >> 3) * 32 + (i & 1) * 16
+            isub = _dot_f2_16(wu, qo, 2 * ((i & 7) >> 1), 3, o + (i & 1) * 16, i >> 1, 1, 2, aq, ab + i * 16)
+            isum += _q3_k_scale(wu, o + 96, i) * (isub - 4 * bs[bb + i])
+    else:  # IQ4_XS
+        sh = np.int64(_u(wu, o + 2)) | (np.int64(_u(wu, o + 3)) << 8)
+        for sb in range(8):
+            ls = ((_u(wu, o + 4 + (sb >> 1)) >> (4 * (sb & 1))) & 15) | (((sh >> (2 * sb)) & 3) << 4)
+            qo = o + 8 + sb * 16
+            ao = ab + sb * 32
+            isub = 0
+            for e in range(16):
+                q = _u(wu, qo + e)
+                isub += KVALUES_IQ4NL[q & 15] * aq[ao + e] + KVALUES_IQ4NL[q >> 4] * aq[ao + 16 + e]
+            isum += (ls - 32) * isub
+    return isum, summ
+
+
+@njit
+def _has_min(t):
+    return t == TQ2_K or t == TQ4_K or t == TQ5_K
+
+
+@njit
 def _row_q8_k_family(t, wu, wi, aq, ad, bs, nsb):
+    """A K-quant row times Q8_K in ggml's generic order: per block (d * d8) * s1 - (dmin * d8) * s2."""
     sumf = F32(0.0)
     for b in range(nsb):
-        ab = b * 256
-        bb = b * 16
-        if t == TQ4_K:
-            o = b * 144
-            isum = 0
-            summ = 0
-            for sb in range(8):
-                sc, mn = _k_scale_min(wu, o + 4, sb)
-                isub = _dot_f1_32(wu, o + 16 + (sb >> 1) * 32, (sb & 1) * 4, 15, 0, 0, 0, 0, aq, ab + sb * 32)
-                isum += sc * isub
-                summ += mn * (bs[bb + 2 * sb] + bs[bb + 2 * sb + 1])
-            da = ad[b]
-            sumf += (_hb(wu, o) * da) * F32(isum) - (_hb(wu, o + 2) * da) * F32(summ)
-        elif t == TQ6_K:
-            o = b * 210
-            isum = 0
-            for h in range(2):
-                for g in range(4):
-                    for half in range(2):
-                        sidx = h * 8 + g * 2 + half
-                        lo = o + h * 64 + (32 if (g & 1) else 0) + half * 16
-                        ho = o + 128 + h * 32 + half * 16
-                        isub = _dot_f2_16(wu, lo, 4 * (g >> 1), 15, ho, 2 * g, 3, 4, aq, ab + sidx * 16)
-                        isum += wi[o + 192 + sidx] * (isub - 32 * bs[bb + sidx])
-            sumf += (_hb(wu, o + 208) * ad[b]) * F32(isum)
-        elif t == TQ5_K:
-            o = b * 176
-            isum = 0
-            summ = 0
-            for sb in range(8):
-                sc, mn = _k_scale_min(wu, o + 4, sb)
-                isub = _dot_f2_32(wu, o + 48 + (sb >> 1) * 32, (sb & 1) * 4, 15, o + 16, sb, 1, 4, aq, ab + sb * 32)
-                isum += sc * isub
-                summ += mn * (bs[bb + 2 * sb] + bs[bb + 2 * sb + 1])
-            da = ad[b]
-            sumf += (_hb(wu, o) * da) * F32(isum) - (_hb(wu, o + 2) * da) * F32(summ)
-        elif t == TQ2_K:
-            o = b * 84
-            isum = 0
-            summ = 0
-            for i in range(16):
-                sc = _u(wu, o + i)
-                qo = o + 16 + (i >> 3) * 32 + (i & 1) * 16
-                isub = _dot_f1_16(wu, qo, 2 * ((i & 7) >> 1), 3, 0, 0, 0, 0, aq, ab + i * 16)
-                isum += (sc & 15) * isub
-                summ += (sc >> 4) * bs[bb + i]
-            da = ad[b]
-            sumf += (_hb(wu, o + 80) * da) * F32(isum) - (_hb(wu, o + 82) * da) * F32(summ)
-        elif t == TQ3_K:
-            o = b * 110
-            isum = 0
-            for i in range(16):
-                qo = o + 32 + (i >> 3) * 32 + (i & 1) * 16
-                isub = _dot_f2_16(wu, qo, 2 * ((i & 7) >> 1), 3, o + (i & 1) * 16, i >> 1, 1, 2, aq, ab + i * 16)
-                isum += _q3_k_scale(wu, o + 96, i) * (isub - 4 * bs[bb + i])
-            sumf += (_hb(wu, o + 108) * ad[b]) * F32(isum)
-        else:  # IQ4_XS
-            o = b * 136
-            sh = np.int64(_u(wu, o + 2)) | (np.int64(_u(wu, o + 3)) << 8)
-            isum = 0
-            for sb in range(8):
-                ls = ((_u(wu, o + 4 + (sb >> 1)) >> (4 * (sb & 1))) & 15) | (((sh >> (2 * sb)) & 3) << 4)
-                qo = o + 8 + sb * 16
-                ao = ab + sb * 32
-                isub = 0
-                for e in range(16):
-                    q = _u(wu, qo + e)
-                    isub += KVALUES_IQ4NL[q & 15] * aq[ao + e] + KVALUES_IQ4NL[q >> 4] * aq[ao + 16 + e]
-                isum += (ls - 32) * isub
-            sumf += (_hb(wu, o) * ad[b]) * F32(isum)
+        o, d, dmin = _k_scales(t, wu, b)
+        s1, s2 = _k_ints(t, wu, wi, o, aq, b * 256, bs, b * 16)
+        da = ad[b]
+        if _has_min(t):
+            sumf += (d * da) * F32(s1) - (dmin * da) * F32(s2)
+        else:
+            sumf += (d * da) * F32(s1)
     return sumf
 
 
@@ -381,35 +397,47 @@ def _decode_q6_k_row(wu, nsb, qd):
 
 @njit
 def _row_q6_k_dec(qd, wu, wi, aq, ad, bs, nsb, scb):
-    """:func:`_row_k_fast` for Q6_K from the row's decoded values (:func:`_decode_q6_k_row`): the
-    same lanes and float sums."""
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = F32(0.0)
+    """:func:`_row_k_tiled` for Q6_K from the row's decoded values (:func:`_decode_q6_k_row`): the
+    same integer totals and float steps."""
+    buf = F32(0.0)
     for b in range(nsb):
-        ab = b * 256
-        bb = b * 16
         o = b * 210
         for i in range(16):
             scb[i] = wi[o + 192 + i]
-        lanes = _lanes_q6_k_dec(qd, b * 256, aq, ab, scb, 0)
-        a0, a1, a2, a3, a4, a5, a6, a7 = _q6_k_fma8(lanes, ad[b] * _hb(wu, o + 208), bs, bb, scb,
-                                                    a0, a1, a2, a3, a4, a5, a6, a7)
-    return ((a4 + a0) + (a6 + a2)) + ((a5 + a1) + (a7 + a3))
+        s1 = _q6_k_lane_total(_lanes_q6_k_dec(qd, b * 256, aq, b * 256, scb, 0), bs, b * 16, scb)
+        buf = _fma(_hb(wu, o + 208) * F32(s1), ad[b], buf)
+    return buf
 
 
 @njit
-def _q4_k_ints(wu, o, aq, ab, bs, bb, scb):
-    """Exact integer totals of one Q4_K block times Q8_K: (scale * q.a, min * bsums); scales and
-    mins left in ``scb[0:8]`` and ``scb[8:16]``."""
+def _q4_k_ints(wu, o, aq, ab, bs, bb, scb, t=TQ4_K):
+    """Exact integer totals of one Q4_K (or Q5_K) block times Q8_K from the vector lanes: (scale *
+    q.a, min * bsums); scales and mins left in ``scb[0:8]`` and ``scb[8:16]``."""
     for sb in range(8):
         sc, mn = _k_scale_min(wu, o + 4, sb)
         scb[sb] = sc
         scb[8 + sb] = mn
-    l0, l1, l2, l3, l4, l5, l6, l7 = _lanes_q4_k(wu, o, aq, ab, scb, 0)
+    if t == TQ5_K:
+        l0, l1, l2, l3, l4, l5, l6, l7 = _lanes_q5_k(wu, o, aq, ab, scb, 0)
+    else:
+        l0, l1, l2, l3, l4, l5, l6, l7 = _lanes_q4_k(wu, o, aq, ab, scb, 0)
     s1 = np.int64(l0) + l1 + l2 + l3 + l4 + l5 + l6 + l7
     s2 = np.int64(0)
     for sb in range(8):
         s2 += scb[8 + sb] * (np.int64(bs[bb + 2 * sb]) + bs[bb + 2 * sb + 1])
     return s1, s2
+
+
+@njit
+def _q6_k_lane_total(lanes, bs, bb, scb):
+    """A Q6_K block's exact s1 from its lanes (:data:`_lanes_q6_k`): their sum minus 32 times the
+    sub-block scales (``scb``) times the activation sums."""
+    l0, l1, l2, l3, l4, l5, l6, l7 = lanes
+    s1 = np.int64(l0) + l1 + l2 + l3 + l4 + l5 + l6 + l7
+    corr = np.int64(0)
+    for i in range(16):
+        corr += np.int64(scb[i]) * bs[bb + i]
+    return s1 - 32 * corr
 
 
 @njit
@@ -441,13 +469,27 @@ def _q4_k_row_scales(wu, nsb, sm, hdm):
 
 
 @njit
-def _row_q4_k_tiled(wu, aq, ad, bs, nsb, scb):
-    """Q4_K in the order of llama.cpp's tiled K-quant GEMM (8 or more rows, weights not repacked):
-    r = d * s1 - dmin * s2 (fused), buf += r * d8 (fused)."""
+def _row_k_tiled(t, wu, wi, aq, ad, bs, nsb, scb):
+    """A K-quant row times Q8_K in the order of llama.cpp's tiled K-quant GEMM (8 or more activation
+    rows, weights not repacked; native's vec_dot_*_tiled): per block the exact integer totals s1 and
+    s2, r = d * s1 - dmin * s2 (fused; d * s1 for the types without mins), buf += r * d8 (fused)."""
     buf = F32(0.0)
     for b in range(nsb):
-        o = b * 144
-        s1, s2 = _q4_k_ints(wu, o, aq, b * 256, bs, b * 16, scb)
-        r = _fma(-_hb(wu, o + 2), F32(s2), _hb(wu, o) * F32(s1))
+        o, d, dmin = _k_scales(t, wu, b)
+        ab = b * 256
+        bb = b * 16
+        if FAST_ROWS and (t == TQ4_K or t == TQ5_K):
+            s1, s2 = _q4_k_ints(wu, o, aq, ab, bs, bb, scb, t)
+        elif FAST_ROWS and t == TQ6_K:
+            for i in range(16):
+                scb[i] = wi[o + 192 + i]
+            s1 = _q6_k_lane_total(_lanes_q6_k(wu, o, aq, ab, scb, 0), bs, bb, scb)
+            s2 = np.int64(0)
+        else:
+            s1, s2 = _k_ints(t, wu, wi, o, aq, ab, bs, bb)
+        if _has_min(t):
+            r = _fma(-dmin, F32(s2), d * F32(s1))
+        else:
+            r = d * F32(s1)
         buf = _fma(r, ad[b], buf)
     return buf

@@ -877,9 +877,9 @@ def _lanes_q6_k_dec(typingctx, qd, qo, a, ao, sc, so):
 def _q6_k_rows4(typingctx, qd, w, a, ad, bs, i0, nsb):
     """A Q6_K row (decoded six-bit values ``qd`` from :func:`_decode_q6_k_row`, its raw bytes ``w``
     for the scales) times activation rows i0 .. i0 + 3 of the 2-D Q8_K ``a`` / ``ad`` / ``bs``, as a
-    tuple of four floats: per row exactly :func:`_row_q6_k_dec`'s lanes, corrections and fused
-    multiply-adds, with the float steps as one vector step (not eight scalar ones) and each
-    block's values and scales loaded once for the four rows."""
+    tuple of four floats in the order of llama.cpp's tiled K-quant GEMM (8 or more rows; native's
+    tile_q6_K_tiled): per block the exact integer total s1, then buf += (d * s1) * d8, fused, the
+    four rows as the four lanes of one vector step; each block's values and scales loaded once."""
     sig = types.UniTuple(types.float32, 4)(qd, w, a, ad, bs, types.intp, types.intp)
 
     def codegen(context, builder, signature, args):
@@ -887,9 +887,9 @@ def _q6_k_rows4(typingctx, qd, w, a, ad, bs, i0, nsb):
         wp = context.make_array(signature.args[1])(context, builder, args[1]).data
         i0, nsb = args[5], args[6]
         it = i0.type
-        v8f, v8i, v16s, v16i = _vt(_FLT, 8), _vt(_I32, 8), _vt(_I16, 16), _vt(_I32, 16)
+        v4f, v4i, v8i, v16s, v16i = _vt(_FLT, 4), _vt(_I32, 4), _vt(_I32, 8), _vt(_I16, 16), _vt(_I32, 16)
         rows = [builder.add(i0, ir.Constant(it, r)) for r in range(4)]
-        accs = [cgutils.alloca_once_value(builder, ir.Constant(v8f, [0.0] * 8)) for _ in range(4)]
+        acc = cgutils.alloca_once_value(builder, ir.Constant(v4f, [0.0] * 4))
         thirty2 = ir.Constant(v8i, [32] * 8)
         with cgutils.for_range(builder, nsb) as loop:
             b = loop.index
@@ -901,6 +901,8 @@ def _q6_k_rows4(typingctx, qd, w, a, ad, bs, i0, nsb):
             scales = [_shuf(builder, sc16, sc16, [2 * c] * 8 + [2 * c + 1] * 8) for c in range(8)]
             qs = [_load_bytes(builder, builder.gep(qb, [ir.Constant(_I32, 32 * c)]), 32) for c in range(8)]
             dh = _ir_h2f(builder, builder.gep(wb, [ir.Constant(_I32, 208)]))
+            s1 = ir.Constant(v4i, ir.Undefined)
+            d8 = ir.Constant(v4f, ir.Undefined)
             for r in range(4):
                 ap = _row_ptr(context, builder, signature.args[2], args[2], rows[r], builder.mul(b, ir.Constant(it, 256)))
                 total = ir.Constant(v8i, [0] * 8)
@@ -912,11 +914,17 @@ def _q6_k_rows4(typingctx, qd, w, a, ad, bs, i0, nsb):
                 corr = builder.add(_shuf(builder, prod, prod, list(range(0, 16, 2))),
                                    _shuf(builder, prod, prod, list(range(1, 16, 2))))
                 lanes = builder.sub(total, builder.mul(thirty2, corr))
+                tot = builder.extract_element(lanes, ir.Constant(_I32, 0))
+                for ll in range(1, 8):  # an exact integer total: any order
+                    tot = builder.add(tot, builder.extract_element(lanes, ir.Constant(_I32, ll)))
+                s1 = builder.insert_element(s1, tot, ir.Constant(_I32, r))
                 dp = _row_ptr(context, builder, signature.args[3], args[3], rows[r], b)
-                d = builder.fmul(builder.load(builder.bitcast(dp, _FLT.as_pointer()), align=4), dh)
-                acc = builder.load(accs[r])
-                builder.store(_ir_fma(builder, _ir_splat_f(builder, d, 8), builder.sitofp(lanes, v8f), acc), accs[r])
-        vals = [_ir_hsum8(builder, builder.load(accs[r])) for r in range(4)]
+                d8 = builder.insert_element(d8, builder.load(builder.bitcast(dp, _FLT.as_pointer()), align=4),
+                                            ir.Constant(_I32, r))
+            res = builder.fmul(_ir_splat_f(builder, dh, 4), builder.sitofp(s1, v4f))
+            builder.store(_ir_fma(builder, res, d8, builder.load(acc)), acc)
+        out = builder.load(acc)
+        vals = [builder.extract_element(out, ir.Constant(_I32, r)) for r in range(4)]
         return context.make_tuple(builder, signature.return_type, vals)
 
     return sig, codegen

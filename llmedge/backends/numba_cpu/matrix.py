@@ -36,8 +36,8 @@ from llmedge.backends.numba_cpu.dots import (
     _quantize_q8_1,
     _quantize_q8_k,
     _row_k_fast,
+    _row_k_tiled,
     _row_q4_k_r8,
-    _row_q4_k_tiled,
     _row_q6_k_dec,
     _row_q8_0_family,
     _row_q8_1_family,
@@ -226,7 +226,8 @@ def _mm_q8_k(x, wu, wi, t, out):
         _quantize_q8_k(x, aq, ad, bs)
     nc = min(m, 128)
     fast = FAST_ROWS and (t == TQ4_K or t == TQ5_K or t == TQ6_K)
-    dec = fast and t == TQ6_K and n >= 8  # a prompt: each Q6_K row unpacked once, not once per activation row
+    tiled = n >= 8  # llama.cpp's tiled K-quant GEMM order, as native's lle_matmul_impl picks it
+    dec = fast and t == TQ6_K and tiled  # a prompt: each Q6_K row unpacked once, not once per activation row
     for c in prange(nc):
         scb = np.empty(16, np.int32)
         qd = np.empty(nsb * 256 if dec else 1, np.uint8)
@@ -246,6 +247,8 @@ def _mm_q8_k(x, wu, wi, t, out):
             for i in range(i4, n):
                 if dec:
                     out[i, j] = _row_q6_k_dec(qd, wr, wir, aq[i], ad[i], bs[i], nsb, scb)
+                elif tiled:
+                    out[i, j] = _row_k_tiled(t, wr, wir, aq[i], ad[i], bs[i], nsb, scb)
                 elif fast:
                     out[i, j] = _row_k_fast(t, wr, wir, aq[i], ad[i], bs[i], nsb, scb)
                 else:
@@ -295,7 +298,7 @@ def _mm_q4_k(x, wu, wi, out):
                 if mode == 1:
                     out[i, j] = _row_q4_k_r8(wr, aq[i], ad[i], bs[i], nsb, scb)
                 elif mode == 2:
-                    out[i, j] = _row_q4_k_tiled(wr, aq[i], ad[i], bs[i], nsb, scb)
+                    out[i, j] = _row_k_tiled(TQ4_K, wr, wir, aq[i], ad[i], bs[i], nsb, scb)
                 elif FAST_ROWS:
                     out[i, j] = _row_k_fast(TQ4_K, wr, wir, aq[i], ad[i], bs[i], nsb, scb)
                 else:
