@@ -497,7 +497,7 @@ class ChatSession:
     """One conversation with a loaded model: messages, system message, parameters, commands, turns."""
 
     def __init__(self, model: Any, console: Console | None = None, params: dict[str, Any] | None = None,
-                 verbose: bool = False, reload: Callable[[int, str], Any] | None = None,
+                 verbose: bool = False, reload: Callable[[int | None, str], Any] | None = None,
                  sessions: Path | None = None, out: Any = None, think: bool | str | None = None,
                  options: dict[str, Any] | None = None) -> None:
         self.model = model
@@ -518,9 +518,9 @@ class ChatSession:
         system message and messages) under ``params``, the values the user set."""
         self.model = model
         self.params: dict[str, Any] = dict(DEFAULT_PARAMETERS)
-        self.params["num_ctx"] = model.n_ctx
         defaults = getattr(model, "defaults", None) or {}
         self.params.update({k: v for k, v in (defaults.get("parameters") or {}).items() if k in self.params})
+        self.params["num_ctx"] = model.n_ctx  # the context it runs at (a num_ctx PARAMETER capped at training)
         self.user_set = set()
         for k, v in params.items():
             if v is not None and v != self.params.get(k):
@@ -673,10 +673,14 @@ class ChatSession:
     def load_model(self, name: str) -> None:
         """``/load MODEL`` (not a saved session): chat with another model, as Ollama's /load does: a new
         conversation with that model's defaults; the parameters set in this chat stay. A model that is
-        not stored is not pulled; it is one line, and the chat goes on with the model it had."""
+        not stored is not pulled; it is one line, and the chat goes on with the model it had. The new
+        model runs at the num_ctx set in this chat, else at its own default (run's ``--ctx``, else its
+        num_ctx PARAMETER, else 4096: :func:`llmedge.defaults.load_context`), as Ollama's /load sends
+        only the options set with /set parameter."""
         from llmedge.errors import ModelNotFoundError
 
-        n_ctx = self.params["num_ctx"]
+        ctx_set = "num_ctx" in self.user_set
+        n_ctx = self.params["num_ctx"] if ctx_set else None
         try:
             if self.reload is not None:
                 model = self.reload(n_ctx, name)
@@ -690,6 +694,8 @@ class ChatSession:
             hint = f" (saved sessions: {', '.join(saved)})" if saved else ""
             raise LlmedgeError(f"no saved session or model named '{name}'{hint}") from None
         self._adopt(model, {k: self.params[k] for k in self.user_set if k != "num_ctx"})
+        if ctx_set:  # still the user's, at the value the new model runs at
+            self.user_set.add("num_ctx")
         self.say(f"Loaded model '{name}'")
 
     def cmd_show(self, words: list[str]) -> None:
@@ -996,7 +1002,7 @@ class ChatSession:
 # -- the loop ------------------------------------------------------------------------------------
 
 def chat(model: Any, params: dict[str, Any] | None = None, verbose: bool = False,
-         reload: Callable[[int, str], Any] | None = None, think: bool | str | None = None,
+         reload: Callable[[int | None, str], Any] | None = None, think: bool | str | None = None,
          options: dict[str, Any] | None = None) -> None:
     """The interactive chat on the terminal, until Ctrl-D or /bye."""
     reader = InputReader(history_path())

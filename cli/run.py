@@ -18,9 +18,10 @@ from typing import Annotated
 
 import typer
 
+from llmedge.cli.models import DEFAULT_CTX
 from llmedge.cli.options import (
+    MIN_CTX,
     BackendOpt,
-    Ctx,
     DraftMaxOpt,
     DraftMinOpt,
     DraftModelOpt,
@@ -53,7 +54,9 @@ def run(
     min_p: Annotated[float | None, typer.Option("--min-p", callback=checked("min_p"),
                                                 help="Drop tokens less likely than P times the most likely "
                                                 "one, 0 to 1 (default 0.05).")] = None,
-    ctx: Ctx = 4096,
+    ctx: Annotated[int | None, typer.Option("--ctx", callback=checked("num_ctx"), help=(
+        f"Context size in tokens (at least {MIN_CTX}; default: the model's num_ctx PARAMETER, "
+        f"else {DEFAULT_CTX})."))] = None,
     threads: Threads = None,
     backend: BackendOpt = "auto",
     kv_type: Annotated[str, typer.Option("--kv-type", help="KV cache cells: f16, f32 or q8_0.")] = "f16",
@@ -133,9 +136,9 @@ def run(
 
     speculation = m.speculation
 
-    def reload(n_ctx: int, name: str):  # /set parameter num_ctx, and /load of another model (not pulled)
-        m2 = load_with_progress(name, backend=backend, n_ctx=n_ctx, n_threads=threads, kv_type=kv_type,
-                                pull=False)
+    def reload(n_ctx: int | None, name: str):  # /set parameter num_ctx, and /load of another model (not pulled)
+        m2 = load_with_progress(name, backend=backend, n_ctx=ctx if n_ctx is None else n_ctx, n_threads=threads,
+                                kv_type=kv_type, pull=False)  # None: --ctx, else the model's own default
         m2.speculation = speculation if name == model else {}  # a draft model is for the first model
         return m2
 

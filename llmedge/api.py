@@ -297,38 +297,41 @@ class Model:
         return self.engine.last
 
 
-def load(model: str | Path, backend: str = "auto", n_ctx: int = 4096, n_threads: int | None = None,
+def load(model: str | Path, backend: str = "auto", n_ctx: int | None = None, n_threads: int | None = None,
          kv_type: str = "f16", pull: bool = True, progress: Any = None, insecure: bool = False) -> Model:
     """Load a catalog name, a store name or a path to a ``.gguf`` file (pulling a catalog name if needed).
 
     ``backend``: ``auto``, ``native``, ``numba``, ``mlx`` or ``numpy``; ``n_ctx``: the context in tokens
-    (0: the model's training context; never more than it); ``n_threads``: None, 0 or -1 for the
+    (None: the model's num_ctx PARAMETER, else 4096, see :func:`llmedge.defaults.load_context`; 0: the
+    model's training context; never more than it); ``n_threads``: None, 0 or -1 for the
     backend's default; ``kv_type``: ``f16``, ``f32`` or ``q8_0``; ``pull=False`` refuses a name not already
     stored; ``progress``: a callback for the pull's progress; ``insecure``: allow a registry over http.
     Bad arguments raise an OptionError (a ValueError) naming them; other problems an LlmedgeError.
     """
+    from llmedge.defaults import apply, load_context
     from llmedge.store import Store
 
     if not isinstance(model, (str, os.PathLike)):
         raise OptionError(f"model must be a model name or a path to a .gguf file, not {_shown(model)}")
-    n_ctx, n_threads = _check_load_args(n_ctx, n_threads)  # before anything is resolved or pulled
+    n_ctx, n_threads = _check_load_args(n_ctx, n_threads, none_ok=True)  # before anything is resolved or pulled
     check_kv_type(kv_type)
     store = Store(insecure=insecure)  # insecure: a registry may be pulled from over plain http
     path = store.resolve(str(model), pull=pull, progress=progress)
-    m = Model(path, backend=backend, n_ctx=n_ctx, n_threads=n_threads, kv_type=kv_type, name=str(model))
     config = store.config(str(model))
+    m = Model(path, backend=backend, n_ctx=load_context(n_ctx, config), n_threads=n_threads, kv_type=kv_type,
+              name=str(model))
     if config:
-        from llmedge.defaults import apply
-
         apply(m, config)
     return m
 
 
-def _check_load_args(n_ctx: Any, n_threads: Any) -> tuple[int, int | None]:
-    """``n_ctx`` (0: the model's training context) as an int and ``n_threads`` as an int or None (None,
-    0 or -1: the backend's default, -1 as llama-cpp-python's and llama.cpp's callers pass it);
-    OptionError (a ValueError) naming the argument and its range otherwise."""
-    n_ctx = check_int("n_ctx", n_ctx, 0, "0: the model's training context")
+def _check_load_args(n_ctx: Any, n_threads: Any, none_ok: bool = False) -> tuple[Any, int | None]:
+    """``n_ctx`` (0: the model's training context; None with ``none_ok``: the model's own default) as an
+    int and ``n_threads`` as an int or None (None, 0 or -1: the backend's default, -1 as
+    llama-cpp-python's and llama.cpp's callers pass it); OptionError (a ValueError) naming the argument
+    and its range otherwise."""
+    what = "0: the model's training context" + ("; None: its num_ctx PARAMETER, else 4096" if none_ok else "")
+    n_ctx = check_int("n_ctx", n_ctx, 0, what, none_ok=none_ok)
     if n_threads is None or isinstance(n_threads, numbers.Integral) and not isinstance(n_threads, bool) \
             and n_threads >= -1:
         return n_ctx, None if n_threads is None or n_threads <= 0 else int(n_threads)

@@ -5,11 +5,13 @@ default generation options (a caller's options win), SYSTEM and MESSAGEs are put
 conversation as Ollama's /api/chat and /api/generate put them, and TEMPLATE replaces the GGUF's chat
 template when it renders: a Jinja template in the sandbox, an Ollama Go template (`{{ range .Messages
 }}`) with :mod:`llmedge.gotemplate`. One that does not parse or render leaves the GGUF's Jinja template
-in place, and `template_origin` says which is used and why.
+in place, and `template_origin` says which is used and why. The num_ctx PARAMETER is a load-time
+setting: `load_context` decides the context a model is loaded at.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -18,6 +20,8 @@ from .sampling import SamplingOptions
 
 _GO_ACTION = re.compile(r"\{\{-?\s*(?:\.|if\b|range\b|end\b|else\b|with\b|template\b|block\b|define\b|\$)")
 _OPTION_NAMES = set(SamplingOptions.__dataclass_fields__) | {"num_predict", "num_keep", "stop"}
+DEFAULT_NUM_CTX = 4096  # the context when neither the caller nor the model's num_ctx PARAMETER sets one
+MIN_NUM_CTX = 8  # the smallest context a model is loaded at (llmedge.api refuses less)
 
 
 def is_go_template(source: str) -> bool:
@@ -49,6 +53,30 @@ def generation_options(config: dict[str, Any]) -> dict[str, Any]:
     """The PARAMETERs that are generation options (num_ctx and the like are load-time settings)."""
     params = config.get("parameters") or {}
     return {k: v for k, v in params.items() if k in _OPTION_NAMES}
+
+
+def parameter_num_ctx(config: dict[str, Any]) -> int | None:
+    """The model's num_ctx PARAMETER as an int; None when it sets none, or one that is no whole number
+    of at least 8 (create refuses those; a registry's config is not checked there)."""
+    value = (config.get("parameters") or {}).get("num_ctx")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+            or value != int(value) or value < MIN_NUM_CTX:
+        return None
+    return int(value)
+
+
+def load_context(n_ctx: int | None, config: dict[str, Any], default: int = DEFAULT_NUM_CTX) -> int:
+    """The context a model is loaded at, decided as Ollama decides it (server/routes.go modelOptions:
+    `api.DefaultOptions()`, then the model's Options, then the request's): an explicit `n_ctx` (the
+    `load` argument, `run --ctx`, `/set parameter num_ctx`, a request's num_ctx option) wins; else the
+    model's num_ctx PARAMETER (its Modelfile's or registry's); else `default` (4096, or the server's
+    LLMEDGE_CONTEXT_LENGTH). The model caps the result at its training context when it loads
+    (:class:`llmedge.api.Model`, as Ollama's llm/server.go caps NumCtx at the GGUF's context_length),
+    and 0 there means the training context itself."""
+    if n_ctx is not None:
+        return n_ctx
+    own = parameter_num_ctx(config)
+    return default if own is None else own
 
 
 def template_choice(config: dict[str, Any], model: Any) -> tuple[Any, str]:

@@ -178,3 +178,30 @@ def test_a_generate_request_s_own_template_replaces_the_models(env: dict[str, An
     assert err.value.status_code == 400 and err.value.error == "template: go template: unclosed action"
     r = httpx.post(env["url"] + "/api/generate", json={"model": "terse", "prompt": "x", "template": 5})
     assert r.status_code == 400 and r.json()["error"] == "template must be a string"
+
+
+def served_ctx(url: str, name: str) -> int:
+    """The context /api/ps says the model `name` runs at."""
+    models = httpx.get(url + "/api/ps").json()["models"]
+    return next(m["context_length"] for m in models if m["name"] == f"{name}:latest")
+
+
+def test_a_models_num_ctx_is_the_context_it_is_served_at(env: dict[str, Any]) -> None:
+    """PARAMETER num_ctx is the default context, as in Ollama (request options over PARAMETERs over the
+    server's default), and a request without num_ctx keeps a model loaded at it or above it, while one
+    loaded smaller for an earlier request is loaded again at the PARAMETER's value, not the server's."""
+    import openai
+
+    client, url = env["client"], env["url"]
+    assert client.create(model="ctx160", from_="terse", parameters={"num_ctx": 160}).status == "success"
+    loads = []
+    for options in ({}, {}, {"num_ctx": 224}, {}, {"num_ctx": 32}, {}, {}):
+        r = client.generate(model="ctx160", prompt="why?", options=options)
+        loads.append((r.load_duration > 0, served_ctx(url, "ctx160")))
+    assert loads == [(True, 160), (False, 160), (True, 224), (False, 224), (True, 32), (True, 160), (False, 160)]
+    r = openai.OpenAI(base_url=url + "/v1", api_key="unused").chat.completions.create(
+        model="ctx160", messages=[{"role": "user", "content": "and?"}])
+    assert r.usage.prompt_tokens > 0 and served_ctx(url, "ctx160") == 160
+    assert client.create(model="ctxbig", from_="terse", parameters={"num_ctx": 100000}).status == "success"
+    client.generate(model="ctxbig", prompt="why?")
+    assert served_ctx(url, "ctxbig") == 256  # the tiny model's training context

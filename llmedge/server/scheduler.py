@@ -114,6 +114,7 @@ class Job:
         self.name = name
         self.path = path
         self.num_ctx = num_ctx
+        self.default_ctx: int | None = None  # without num_ctx: its model's default context (Scheduler._want_ctx)
         self.keep_alive = keep_alive
         self.cancelled = threading.Event()
         self.items: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
@@ -261,17 +262,33 @@ class Scheduler:
         with self.lock:
             return sorted(self.loaded.values(), key=lambda m: -m.last_used)
 
+    def _want_ctx(self, job: Job) -> int:
+        """The context ``job`` asks for before the training-context cap, in Ollama's order
+        (:func:`llmedge.defaults.load_context`): its num_ctx option, else its model's num_ctx PARAMETER
+        (at most LLMEDGE_MAX_CTX, as a request's), else the server's default. Read once per job."""
+        if job.num_ctx:
+            return job.num_ctx
+        if job.default_ctx is None:
+            from llmedge.defaults import parameter_num_ctx
+            from llmedge.errors import LlmedgeError
+            from llmedge.store import Store
+
+            try:
+                own = parameter_num_ctx(Store().config(job.name)) if job.name else None
+            except (LlmedgeError, OSError, ValueError):
+                own = None  # the load reads the config again and reports what is wrong with it
+            job.default_ctx = self.num_ctx if own is None else min(own, self.max_ctx)
+        return job.default_ctx
+
     def _fits(self, job: Job, cur: Loaded) -> bool:
         """Whether the loaded ``cur`` serves ``job`` as it is: the same file, at the job's num_ctx; a job
-        without one (OpenAI's routes, Ollama requests without the option) takes the server's default
-        context or a larger one already loaded, so an earlier request's small num_ctx is not imposed on
-        it (the model is loaded again, as Ollama does)."""
+        without one (OpenAI's routes, Ollama requests without the option) takes its model's default
+        context (:meth:`_want_ctx`) or a larger one already loaded, so an earlier request's small
+        num_ctx is not imposed on it (the model is loaded again, as Ollama does)."""
         if cur.path != job.path:
             return False
-        n_train = cur.model.params.n_ctx_train
-        if job.num_ctx:
-            return cur.num_ctx == min(job.num_ctx, n_train)
-        return cur.num_ctx >= min(self.num_ctx, n_train)
+        want = min(self._want_ctx(job), cur.model.params.n_ctx_train)
+        return cur.num_ctx == want if job.num_ctx else cur.num_ctx >= want
 
     def _can_ensure(self, job: Job) -> bool:
         """Whether ``job``'s model can be made ready now without unloading one that sequences use."""
@@ -286,7 +303,7 @@ class Scheduler:
         from llmedge.api import Model
 
         assert job.name is not None and job.path is not None
-        want_ctx = job.num_ctx or self.num_ctx
+        want_ctx = self._want_ctx(job)
         with self.lock:
             cur = self.loaded.get(job.name)
         if cur is not None and not self._fits(job, cur):
