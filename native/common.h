@@ -351,7 +351,7 @@ typedef struct {
 /* floats of scratch one attention row needs */
 LLE_INLINE int64_t lle_attn_scratch_floats(int64_t t, int64_t d) {
     const int64_t tp = (t + 31) & ~(int64_t)31;
-    return 2 * tp + 33 * (d + 8) + 64;
+    return 2 * tp + 65 * (d + 8) + 64;  /* scores, Q, up to 64 V partial sums per value (AVX-512 decode) */
 }
 
 /* Decode attention over a long cache (ops.c, attn_wide): one query row of one sequence, every head, in
@@ -359,18 +359,18 @@ LLE_INLINE int64_t lle_attn_scratch_floats(int64_t t, int64_t d) {
  * of ggml's 32 lanes). attn_group's one task per KV head leaves 2 threads unevenly loaded (SmolLM2's
  * 3 KV heads) and reads each head's rows as strided 128-byte runs; here the scores read the
  * cell-major cache front to back. Every value is attn_group's, bit for bit: the same scores per cell,
- * the same exponentials and the same order of their sum, the same probabilities, the same 32 V lanes
- * with each lane's cells added in order. */
+ * the same exponentials and the same order of their sum, the same probabilities, the same 64 V lanes
+ * with each lane's cells added in order. The AVX-512 tier's only (ggml's AVX-512 orders). */
 #define LLE_ATTN_WIDE_CELLS 256 /* cells per scores / exponentials task (a multiple of 32) */
 #define LLE_ATTN_WIDE_MIN 1024  /* cells from which decode rows take it (lle_set_attn_wide_min) */
 #define LLE_ATTN_WIDE_MAX_HEADS 64
 typedef struct {
-    const lle_attn_args *a;  /* n == 1, f16 cache read as f16, d % 32 == 0, heads per KV head <= LLE_ATTN_GROUP */
+    const lle_attn_args *a;  /* n == 1, f16 cache read as f16, d % 64 == 0, heads per KV head <= LLE_ATTN_GROUP */
     int64_t tp, n_blocks;    /* t rounded up to 32; cell blocks of LLE_ATTN_WIDE_CELLS */
     float *qc;               /* n_head x d: Q rounded to f16, as floats */
     float *w;                /* n_head x tp: scores, then exponentials */
-    float *csum;             /* n_head x tp / 8: each 8-cell chunk's float sum of exponentials */
-    float *acc;              /* n_head x 32 x d: the V sums' 32 lanes */
+    float *csum;             /* n_head x tp / 8: each 16-cell chunk's float sum of exponentials (j / 16) */
+    float *acc;              /* n_head x 64 x d: the V sums' 64 lanes */
     float *bmax;             /* n_blocks x n_head: each block's largest score per head */
     int64_t *bjlo, *bjhi;    /* n_blocks: each block's first and last visible cell (t and -1: none) */
     float *inv;              /* n_head: 1 / the sum of exponentials (0: no visible cell) */
@@ -397,17 +397,17 @@ typedef struct {
     /* y[i] = x[i] rounded to half, to nearest even (lle_fp32_to_fp16's values; the K/V cache writes) */
     void (*f32_to_f16)(int64_t n, const float *x, lle_half *y);
     /* lle_attn_wide's phases (NULL: none): the scores of cell block b (bmax, bjlo, bjhi of b); the
-     * exponentials of block b's 8-cell chunks in [c0, c1) and their sums (maxv set); the V sums of KV
-     * head g's query heads in lanes 16 * half .. 16 * half + 15 (inv set), the last of g's two tasks
+     * exponentials of block b's 16-cell chunks in [c0, c1) and their sums (maxv set); the V sums of KV
+     * head g's query heads in lanes 16 * part .. 16 * part + 15 (inv set), the last of g's four tasks
      * writing its heads' outputs */
     void (*wide_scores)(lle_attn_wide *p, int64_t b);
     void (*wide_exp)(lle_attn_wide *p, int64_t b);
-    void (*wide_v)(lle_attn_wide *p, int64_t g, int half);
+    void (*wide_v)(lle_attn_wide *p, int64_t g, int part);
 } lle_op_kernels;
 
 extern lle_op_kernels lle_ops_scalar;
 extern lle_op_kernels lle_ops_avx2;
-extern lle_op_kernels lle_ops_avx512;  /* bit-equal to lle_ops_avx2 */
+extern lle_op_kernels lle_ops_avx512;  /* ggml's AVX-512 build's values (SiLU, softmax, attention differ from AVX2's) */
 extern const lle_op_kernels *lle_ops;   /* selected */
 
 /* gelu lookup table (ggml GGML_GELU_FP16): gelu(fp16 x) rounded to fp16 */
@@ -478,7 +478,7 @@ int lle_attention_impl(const float *q, long long n, long long n_head, long long 
  * cache) in one pool job over every (problem, head): each row's numbers exactly as lle_attention_impl
  * computes it alone */
 int lle_attention_rows_impl(const lle_attn_args *a, int count);
-int lle_glu_impl(const float *gate, const float *up, long long n, int kind, float *out);
+int lle_glu_impl(const float *gate, const float *up, long long n, long long row, int kind, float *out);
 int lle_add_impl(const float *a, const float *b, long long n, float *out);
 int lle_scale_impl(const float *x, float s, long long n, float *out);
 void lle_lock(void);

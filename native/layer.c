@@ -243,7 +243,7 @@ static int layer_forward(const lle_layer *L, const lle_layer *next, float *x, lo
     } else {
         TIMED(P_GATE_UP, rc |= mm(&L->gate, xn, n, gate); rc |= mm(&L->up, xn, n, up));
     }
-    TIMED(P_GLU, rc |= lle_glu_impl(gate, up, n * L->n_ff, L->glu_kind, gate));
+    TIMED(P_GLU, rc |= lle_glu_impl(gate, up, n * L->n_ff, L->n_ff, L->glu_kind, gate));
     TIMED(P_DOWN, rc |= mm(&L->down, gate, n, h));
     if (L->post_ffn_norm) TIMED(P_NORM, rc |= lle_rms_norm_impl(h, L->post_ffn_norm, n, d, L->eps, h));
     if (L->residual_scale != 1.0f) rc |= lle_scale_impl(h, L->residual_scale, n * d, h);

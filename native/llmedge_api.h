@@ -85,7 +85,7 @@ int lle_attention(const float *q, long long n, long long n_head, long long d,
                   long long k_stride_t, long long k_stride_h, long long v_stride_t, long long v_stride_h,
                   const int *q_pos, const int *k_pos, float scale, int window, float softcap,
                   float *out);
-int lle_glu(const float *gate, const float *up, long long n, int kind, float *out);
+int lle_glu(const float *gate, const float *up, long long n, long long row, int kind, float *out);
 int lle_add(const float *a, const float *b, long long n, float *out);
 int lle_scale(const float *x, float s, long long n, float *out);
 int lle_softcap(const float *x, float cap, long long n, float *out);

@@ -533,11 +533,17 @@ static int64_t g_attn_wide_min = LLE_ATTN_WIDE_MIN;
 void lle_set_attn_wide_min(long long cells) { g_attn_wide_min = cells < 0 ? 0 : cells; }
 
 #define WIDE_MAX_PROBLEMS 64
+/* the wide path runs the AVX-512 tier's ops (ggml's AVX-512 orders): softmax chunks of 16 cells, 64 V
+ * partial sums per value (ggml's 4 accumulators of 16 lanes), summed by WIDE_PARTS tasks of 16 lanes
+ * per KV head */
+#define WIDE_CHUNK 16
+#define WIDE_LANES 64
+#define WIDE_PARTS (WIDE_LANES / 16)
 
 static int attn_wide_eligible(const lle_attn_args *a, int count) {
     if (!lle_ops->wide_scores || count > WIDE_MAX_PROBLEMS || lle_pool_threads() < 2) return 0;
     for (int i = 0; i < count; i++) {
-        if (a[i].n != 1 || !a[i].kv_f16 || a[i].kv_wide || a[i].d % 32 != 0 || a[i].n_kv <= 0 ||
+        if (a[i].n != 1 || !a[i].kv_f16 || a[i].kv_wide || a[i].d % 64 != 0 || a[i].n_kv <= 0 ||
             a[i].n_head % a[i].n_kv != 0 || a[i].n_head / a[i].n_kv > LLE_ATTN_GROUP || a[i].n_head > LLE_ATTN_WIDE_MAX_HEADS ||
             a[i].t < 1 || a[i].t < g_attn_wide_min)
             return 0;
@@ -565,7 +571,7 @@ static void attn_wide_task(void *vctx, int ith, int nth) {
         const int64_t k = task - c->first[i];
         if (c->phase == 0) lle_ops->wide_scores(p, k);
         else if (c->phase == 1) lle_ops->wide_exp(p, k);
-        else lle_ops->wide_v(p, k / 2, (int)(k % 2));
+        else lle_ops->wide_v(p, k / WIDE_PARTS, (int)(k % WIDE_PARTS));
     }
 }
 
@@ -574,7 +580,7 @@ static void attn_wide_run(attn_wide_ctx *c, int phase) {
     c->first[0] = 0;
     for (int i = 0; i < c->count; i++) {
         const lle_attn_wide *p = &c->p[i];
-        const int64_t n = phase < 2 ? p->n_blocks : 2 * p->a->n_kv;
+        const int64_t n = phase < 2 ? p->n_blocks : WIDE_PARTS * p->a->n_kv;
         c->first[i + 1] = c->first[i] + n;
     }
     if (c->first[c->count] > 0) lle_pool_run_chunks(attn_wide_task, c, &c->tasks, c->first[c->count], 0);
@@ -586,7 +592,7 @@ static int attn_wide(const lle_attn_args *a, int count) {
     for (int i = 0; i < count; i++) {
         const int64_t tp = (a[i].t + 31) & ~(int64_t)31, nb = (a[i].t + LLE_ATTN_WIDE_CELLS - 1) / LLE_ATTN_WIDE_CELLS;
         const int64_t nh = a[i].n_head, d = a[i].d;
-        floats += (size_t)(4 * nb + nh * d + nh * tp + nh * (tp / 8) + nh * 32 * d + nb * nh + 2 * nh + a[i].n_kv + 16);
+        floats += (size_t)(4 * nb + nh * d + nh * tp + nh * (tp / 8) + nh * WIDE_LANES * d + nb * nh + 2 * nh + a[i].n_kv + 16);
     }
     float *f = lle_scratch_ops(floats * sizeof(float));
     if (!f) return -2;
@@ -602,7 +608,7 @@ static int attn_wide(const lle_attn_args *a, int count) {
         q->qc = f; f += nh * d;
         q->w = f; f += nh * q->tp;
         q->csum = f; f += nh * (q->tp / 8);
-        q->acc = f; f += nh * 32 * d;
+        q->acc = f; f += nh * WIDE_LANES * d;
         q->bmax = f; f += q->n_blocks * nh;
         q->inv = f; f += nh;
         q->maxv = f; f += nh;
@@ -619,7 +625,7 @@ static int attn_wide(const lle_attn_args *a, int count) {
     attn_wide_run(&c, 0);  /* scores */
     for (int i = 0; i < count; i++) {
         lle_attn_wide *q = &p[i];
-        const int64_t nh = a[i].n_head, t = a[i].t, t8 = (t + 7) & ~(int64_t)7;
+        const int64_t nh = a[i].n_head, t = a[i].t, ts = (t + WIDE_CHUNK - 1) & ~(int64_t)(WIDE_CHUNK - 1);
         q->jlo = t;
         q->jhi = -1;
         for (int64_t b = 0; b < q->n_blocks; b++) {
@@ -632,11 +638,11 @@ static int attn_wide(const lle_attn_args *a, int count) {
                 if (q->bmax[b * nh + h] > m) m = q->bmax[b * nh + h];
             q->maxv[h] = m;
             if (m != -INFINITY)
-                for (int64_t j = t; j < t8; j++) q->w[h * q->tp + j] = -INFINITY;
+                for (int64_t j = t; j < ts; j++) q->w[h * q->tp + j] = -INFINITY;
         }
-        q->c0 = q->jlo & ~(int64_t)7;
-        q->c1 = (q->jhi + 8) & ~(int64_t)7;
-        q->jb = q->jlo & ~(int64_t)31;
+        q->c0 = q->jlo & ~(int64_t)(WIDE_CHUNK - 1);
+        q->c1 = (q->jhi + WIDE_CHUNK) & ~(int64_t)(WIDE_CHUNK - 1);
+        q->jb = q->jlo & ~(int64_t)(WIDE_LANES - 1);
     }
     attn_wide_run(&c, 1);  /* exponentials */
     for (int i = 0; i < count; i++) {
@@ -645,10 +651,10 @@ static int attn_wide(const lle_attn_args *a, int count) {
             q->inv[h] = 0.0f;
             if (q->maxv[h] == -INFINITY) continue;
             double sum = 0;  /* softmax_exp's: the chunks' float sums as doubles, in order */
-            for (int64_t j = q->c0; j < q->c1; j += 8) sum += (double)q->csum[h * (q->tp / 8) + j / 8];
+            for (int64_t j = q->c0; j < q->c1; j += WIDE_CHUNK) sum += (double)q->csum[h * (q->tp / 8) + j / WIDE_CHUNK];
             q->inv[h] = (float)(1.0 / sum);
         }
-        for (int64_t g = 0; g < a[i].n_kv; g++) q->v_left[g] = 2;
+        for (int64_t g = 0; g < a[i].n_kv; g++) q->v_left[g] = WIDE_PARTS;
     }
     attn_wide_run(&c, 2);  /* V sums, and the outputs */
     return 0;
@@ -690,37 +696,48 @@ int lle_attention(const float *q, long long n, long long n_head, long long d,
 
 /* ---------------------------------------------------------------- elementwise */
 
-typedef struct { const float *a, *b; float s; int kind; float *out; } ew_ctx;
+typedef struct { const float *a, *b; float s; int kind; float *out; int64_t row; } ew_ctx;
 
+/* values r0..r1 of the gated product, cut at the ends of its rows of c->row values: ggml runs each row
+ * through its vectorized loop from the row's start and finishes the row's last values one by one, and
+ * which values take the vector exp and which libm's is part of the result */
 static void glu_rows(void *vctx, int64_t r0, int64_t r1) {
     const ew_ctx *c = vctx;
-    if (c->kind == 0) lle_ops->swiglu((int)(r1 - r0), c->out + r0, c->a + r0, c->b + r0);
-    else lle_ops->geglu((int)(r1 - r0), c->out + r0, c->a + r0, c->b + r0);
+    for (int64_t s = r0; s < r1;) {
+        const int64_t end = c->row > 0 && (s / c->row + 1) * c->row < r1 ? (s / c->row + 1) * c->row : r1;
+        if (c->kind == 0) lle_ops->swiglu((int)(end - s), c->out + s, c->a + s, c->b + s);
+        else lle_ops->geglu((int)(end - s), c->out + s, c->a + s, c->b + s);
+        s = end;
+    }
 }
 
-/* chunks of 1024 values are the parallel unit of the elementwise ops */
-static void parallel_elems(row_fn fn, void *ctx, int64_t n) {
+/* chunks of 1024 values are the parallel unit of the elementwise ops; `row` > 0: chunks end at row ends
+ * too, unless rows are a multiple of 16 values (then a chunk boundary is one of the vector loops' own) */
+static void parallel_elems(row_fn fn, void *ctx, int64_t n, int64_t row) {
     const int64_t blk = 1024;
     const int nth = lle_pool_threads();
     if (nth <= 1 || n < 65536) {
         fn(ctx, 0, n);
         return;
     }
-    rows_ctx c = {.fn = fn, .ctx = ctx, .n_rows = n, .chunk = blk * ((n / blk) / (nth * 4) + 1)};
+    int64_t chunk = blk * ((n / blk) / (nth * 4) + 1);
+    if (row > 0 && row % 16 != 0) chunk = (chunk + row - 1) / row * row;
+    rows_ctx c = {.fn = fn, .ctx = ctx, .n_rows = n, .chunk = chunk};
     lle_pool_run_chunks(rows_task, &c, &c.chunks, (n + c.chunk - 1) / c.chunk, 0);
 }
 
-int lle_glu_impl(const float *gate, const float *up, long long n, int kind, float *out) {
+int lle_glu_impl(const float *gate, const float *up, long long n, long long row, int kind, float *out) {
     if (kind != 0 && kind != 1) return -1;
-    ew_ctx c = {gate, up, 0, kind, out};
-    parallel_elems(glu_rows, &c, n);
+    if (row <= 0 || n % row != 0) return -1;
+    ew_ctx c = {gate, up, 0, kind, out, row};
+    parallel_elems(glu_rows, &c, n, row);
     return 0;
 }
 
-int lle_glu(const float *gate, const float *up, long long n, int kind, float *out) {
+int lle_glu(const float *gate, const float *up, long long n, long long row, int kind, float *out) {
     lle_lock();
     lle_ensure_init();
-    const int r = lle_glu_impl(gate, up, n, kind, out);
+    const int r = lle_glu_impl(gate, up, n, row, kind, out);
     lle_unlock();
     return r;
 }
@@ -732,7 +749,7 @@ static void add_rows(void *vctx, int64_t r0, int64_t r1) {
 
 int lle_add_impl(const float *a, const float *b, long long n, float *out) {
     ew_ctx c = {a, b, 0, 0, out};
-    parallel_elems(add_rows, &c, n);
+    parallel_elems(add_rows, &c, n, 0);
     return 0;
 }
 
@@ -751,7 +768,7 @@ static void scale_rows(void *vctx, int64_t r0, int64_t r1) {
 
 int lle_scale_impl(const float *x, float s, long long n, float *out) {
     ew_ctx c = {x, NULL, s, 0, out};
-    parallel_elems(scale_rows, &c, n);
+    parallel_elems(scale_rows, &c, n, 0);
     return 0;
 }
 
@@ -772,7 +789,7 @@ static void softcap_rows(void *vctx, int64_t r0, int64_t r1) {
 int lle_softcap_impl(const float *x, float cap, long long n, float *out) {
     if (!(cap > 0)) return -1;
     ew_ctx c = {x, NULL, cap, 0, out};
-    parallel_elems(softcap_rows, &c, n);
+    parallel_elems(softcap_rows, &c, n, 0);
     return 0;
 }
 

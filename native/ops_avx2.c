@@ -3,9 +3,12 @@
  * and the exponentials of softmax.
  *
  * Compiled a second time as the AVX-512 tier's ops (ops_avx512.c, LLE_OPS_512; and against SIMDe
- * for the self-test, selftest_simde_ops.c): the attention's K.Q scores and V sums then run in 512-bit
- * registers, two 8-lane accumulators of the AVX2 order per register (two cells, or the two halves
- * of a 16-value slice), so every value is the AVX2 one bit for bit.
+ * for the self-test, selftest_simde_ops.c), which reproduce ggml's AVX-512 build instead, what
+ * llama.cpp and Ollama run on an AVX-512 CPU: its own vectorized expf (scalef) 16 values at a time
+ * for SiLU and softmax, softmax sums per 16-value chunk (_mm512_reduce_add_ps), and attention dot
+ * products with 16-lane accumulators (ggml's vec_dot: 4 of them over 64 values; tinyBLAS<16>: one),
+ * so V sums keep 64 or 16 partial sums per value instead of 32 or 8. The tier constants below
+ * (KQ_TB ... V_GG) and #if LLE_OPS_512 blocks hold the differences.
  */
 #include "common.h"
 
@@ -59,10 +62,43 @@ LLE_INLINE __m256 v_silu(__m256 x) {
     return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1), v_expf(neg_x)));
 }
 
+#if defined(LLE_OPS_512)
+/* ggml_v_expf of ggml's AVX-512 build (another rounding than the AVX2 one: scalef, no k + k * j); the
+ * mask test is `d == 0` (kortestz, which SIMDe lacks) */
+LLE_INLINE __m512 v_expf512(__m512 x) {
+    const __m512 r = _mm512_set1_ps(0x1.8p23f);
+    const __m512 z = _mm512_fmadd_ps(x, _mm512_set1_ps(0x1.715476p+0f), r);
+    const __m512 n = _mm512_sub_ps(z, r);
+    const __m512 b = _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.7f7d1cp-20f), _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.62e4p-1f), x));
+    const __mmask16 d = _mm512_cmp_ps_mask(_mm512_abs_ps(n), _mm512_set1_ps(192), _CMP_GT_OQ);
+    const __m512 u = _mm512_mul_ps(b, b);
+    const __m512 j = _mm512_fmadd_ps(
+        _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_set1_ps(0x1.0e4020p-7f), b, _mm512_set1_ps(0x1.573e2ep-5f)), u,
+                        _mm512_fmadd_ps(_mm512_set1_ps(0x1.555e66p-3f), b, _mm512_set1_ps(0x1.fffdb6p-2f))),
+        u, _mm512_fmadd_ps(_mm512_set1_ps(0x1.ffffecp-1f), b, _mm512_set1_ps(1.0f)));
+    const __m512 res = _mm512_scalef_ps(j, n);
+    if (d == 0) return res;
+    const __m512 alt = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(n, _mm512_setzero_ps(), _CMP_LE_OQ),
+                                            _mm512_set1_ps(INFINITY), _mm512_setzero_ps());
+    return _mm512_mask_blend_ps(d, res, alt);
+}
+
+LLE_INLINE __m512 v_silu512(__m512 x) {
+    const __m512 neg_x = _mm512_sub_ps(_mm512_setzero_ps(), x);
+    return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1), v_expf512(neg_x)));
+}
+#endif
+
+/* ggml_vec_swiglu_f32: 8 (AVX2) or 16 (AVX-512) values at a time, the rest with libm's expf */
 static void swiglu(int n, float *y, const float *x, const float *g) {
     int i = 0;
+#if defined(LLE_OPS_512)
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_mul_ps(v_silu512(_mm512_loadu_ps(x + i)), _mm512_loadu_ps(g + i)));
+#else
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(y + i, _mm256_mul_ps(v_silu(_mm256_loadu_ps(x + i)), _mm256_loadu_ps(g + i)));
+#endif
     for (; i < n; ++i) y[i] = x[i] / (1.0f + expf(-x[i])) * g[i];
 }
 
@@ -86,6 +122,24 @@ LLE_INLINE float hsum8(__m256 x) {
     return _mm_cvtss_f32(res);
 }
 
+#if defined(LLE_OPS_512)
+/* _mm512_reduce_add_ps as GCC forms it (ggml's AVX-512 build, and tinyBLAS's hsum): the halves added,
+ * then hsum8's order (quarters, then (0 + 2) + (1 + 3)); spelled out, since SIMDe adds in lane order */
+LLE_INLINE float reduce512(__m512 v) {
+    return hsum8(_mm256_add_ps(_mm512_castps512_ps256(v),
+                               _mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(v), 1))));
+}
+#endif
+
+/* the tier's ggml orders: K.Q rows per tinyBLAS step (prompts, head size a multiple of it) and per ggml
+ * vec_dot step (decode, blocked when the head size is a multiple), softmax chunk, and V partial sums
+ * (lanes) per output value for prompts (tinyBLAS) and decode (ggml) */
+#if defined(LLE_OPS_512)
+enum { KQ_TB = 16, KQ_GG = 64, SMX = 16, V_TB = 16, V_GG = 64 };
+#else
+enum { KQ_TB = 8, KQ_GG = 32, SMX = 8, V_TB = 8, V_GG = 32 };
+#endif
+
 /* ---- llama.cpp's float reduction orders, reproduced exactly ----
  * decode (one query row): ggml_vec_dot_f16/_f32 with 4 accumulators of 8 lanes (element e in
  * accumulator (e % 32) / 8, lane e % 8), reduced as ((s0+s2)+(s1+s3)), then lanes i+(i+4), then
@@ -101,6 +155,52 @@ LLE_INLINE float reduce_ggml4(__m256 s0, __m256 s1, __m256 s2, __m256 s3) {
     return _mm_cvtss_f32(_mm_hadd_ps(t1, t1));
 }
 
+#if defined(LLE_OPS_512)
+/* ggml's AVX-512 orders: vec_dot with 4 accumulators of 16 lanes (element e in accumulator (e % 64) / 16,
+ * lane e % 16), reduced as ((s0 + s2) + (s1 + s3)) then reduce512, the d % 64 rest added after as
+ * doubles (f16) or floats (f32); tinyBLAS<16>: one 16-lane accumulator per output, reduce512 */
+#define LDH16(p) lle512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+
+static float dot_f16_ggml(int n, const lle_half *x, const lle_half *y) {
+    const int np = n & ~63;
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps(), s2 = _mm512_setzero_ps(), s3 = _mm512_setzero_ps();
+    for (int i = 0; i < np; i += 64) {
+        s0 = _mm512_fmadd_ps(LDH16(x + i), LDH16(y + i), s0);
+        s1 = _mm512_fmadd_ps(LDH16(x + i + 16), LDH16(y + i + 16), s1);
+        s2 = _mm512_fmadd_ps(LDH16(x + i + 32), LDH16(y + i + 32), s2);
+        s3 = _mm512_fmadd_ps(LDH16(x + i + 48), LDH16(y + i + 48), s3);
+    }
+    double sumf = reduce512(_mm512_add_ps(_mm512_add_ps(s0, s2), _mm512_add_ps(s1, s3)));
+    for (int i = np; i < n; ++i) sumf += (double)(_cvtsh_ss(x[i]) * _cvtsh_ss(y[i]));
+    return (float)sumf;
+}
+
+static float dot_f32_ggml(int n, const float *x, const float *y) {
+    const int np = n & ~63;
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps(), s2 = _mm512_setzero_ps(), s3 = _mm512_setzero_ps();
+    for (int i = 0; i < np; i += 64) {
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i), s0);
+        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(y + i + 16), s1);
+        s2 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 32), _mm512_loadu_ps(y + i + 32), s2);
+        s3 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 48), _mm512_loadu_ps(y + i + 48), s3);
+    }
+    float sumf = reduce512(_mm512_add_ps(_mm512_add_ps(s0, s2), _mm512_add_ps(s1, s3)));
+    for (int i = np; i < n; ++i) sumf = fmaf(x[i], y[i], sumf);
+    return sumf;
+}
+
+static float dot_f16_tb(int n, const lle_half *x, const lle_half *y) {
+    __m512 c = _mm512_setzero_ps();
+    for (int l = 0; l < n; l += 16) c = _mm512_fmadd_ps(LDH16(x + l), LDH16(y + l), c);
+    return reduce512(c);
+}
+
+static float dot_f32_tb(int n, const float *x, const float *y) {
+    __m512 c = _mm512_setzero_ps();
+    for (int l = 0; l < n; l += 16) c = _mm512_fmadd_ps(_mm512_loadu_ps(x + l), _mm512_loadu_ps(y + l), c);
+    return reduce512(c);
+}
+#else
 static float dot_f16_ggml(int n, const lle_half *x, const lle_half *y) {
     const int np = n & ~31;
     __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
@@ -140,15 +240,27 @@ static float dot_f32_tb(int n, const float *x, const float *y) {
     for (int l = 0; l < n; l += 8) c = _mm256_fmadd_ps(_mm256_loadu_ps(x + l), _mm256_loadu_ps(y + l), c);
     return hsum8(c);
 }
+#endif
 
+
+/* ggml_vec_soft_max_f32: exponentials of 8 (AVX2) or 16 (AVX-512) values at a time, each chunk's
+ * float sum added as a double; the rest with libm's expf */
 static double softmax_exp(int n, float *y, const float *x, float max) {
     int i = 0;
     double sum = 0;
+#if defined(LLE_OPS_512)
+    for (; i + 16 <= n; i += 16) {
+        const __m512 val = v_expf512(_mm512_sub_ps(_mm512_loadu_ps(x + i), _mm512_set1_ps(max)));
+        _mm512_storeu_ps(y + i, val);
+        sum += (double)reduce512(val);
+    }
+#else
     for (; i + 8 <= n; i += 8) {
         const __m256 val = v_expf(_mm256_sub_ps(_mm256_loadu_ps(x + i), _mm256_set1_ps(max)));
         _mm256_storeu_ps(y + i, val);
         sum += (double)hsum8(val);
     }
+#endif
     for (; i < n; ++i) {
         const float val = expf(x[i] - max);
         sum += (double)val;
@@ -193,54 +305,74 @@ LLE_INLINE __m512 ld_kv16(const uint8_t *p, int f16) {
     return f16 ? lle512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)) : _mm512_loadu_ps((const float *)p);
 }
 
-/* 8 values of row p and 8 of row q as [p | q] */
-LLE_INLINE __m512 ld_kv_pair(const uint8_t *p, const uint8_t *q, int f16) {
-    if (f16)
-        return lle512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p)),
-                                                       _mm_loadu_si128((const __m128i *)q), 1));
-    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps((const float *)p)), _mm256_loadu_ps((const float *)q), 1);
-}
-
 LLE_INLINE __m256 lo256(__m512 v) { return _mm512_castps512_ps256(v); }
 LLE_INLINE __m256 hi256(__m512 v) { return _mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(v), 1)); }
 #endif
 
 #if defined(LLE_OPS_512)
-/* scores of cells j..j+7 for nh queries in tinyBLAS's order (d % 8 == 0) into s[h]: cells 2p and 2p + 1
- * in the halves of one register, each K pair loaded once for the nh queries (attn_group; kq8_tb is nh = 1) */
+/* scores of cells j..j+7 for nh queries in tinyBLAS<16>'s order (d % 16 == 0) into s[h]: one 16-lane
+ * accumulator per (cell, query), reduce512; cells in two halves of 4 (16 accumulators at most live),
+ * each K slice loaded once for the nh queries (attn_group; kq8_tb is nh = 1) */
 LLE_INLINE void kq8_tb_group(const uint8_t *k0, size_t kst, const float *const *qv, int nh, int64_t d, int f16,
                              __m256 *s) {
     const size_t esz = f16 ? 2 : 4;
-    __m512 c2[LLE_ATTN_GROUP][4];
-    for (int h = 0; h < nh; h++) c2[h][0] = c2[h][1] = c2[h][2] = c2[h][3] = _mm512_setzero_ps();
-    for (int64_t l = 0; l < d; l += 8) {
-        const uint8_t *kl = k0 + (size_t)l * esz;
-        __m512 kp[4];
-        for (int p = 0; p < 4; p++) kp[p] = ld_kv_pair(kl + 2 * p * kst, kl + (2 * p + 1) * kst, f16);
-        for (int h = 0; h < nh; h++) {
-            const __m256 q8 = _mm256_loadu_ps(qv[h] + l);
-            const __m512 qq = _mm512_insertf32x8(_mm512_castps256_ps512(q8), q8, 1);
-            for (int p = 0; p < 4; p++) c2[h][p] = _mm512_fmadd_ps(kp[p], qq, c2[h][p]);
+    __m256 t[LLE_ATTN_GROUP][8];
+    for (int m0 = 0; m0 < 8; m0 += 4) {
+        __m512 c[LLE_ATTN_GROUP][4];
+        for (int h = 0; h < nh; h++) c[h][0] = c[h][1] = c[h][2] = c[h][3] = _mm512_setzero_ps();
+        for (int64_t l = 0; l < d; l += 16) {
+            const uint8_t *kl = k0 + (size_t)l * esz + (size_t)m0 * kst;
+            __m512 kv[4];
+            for (int m = 0; m < 4; m++) kv[m] = ld_kv16(kl + m * kst, f16);
+            for (int h = 0; h < nh; h++) {
+                const __m512 qq = _mm512_loadu_ps(qv[h] + l);
+                for (int m = 0; m < 4; m++) c[h][m] = _mm512_fmadd_ps(kv[m], qq, c[h][m]);
+            }
         }
+        for (int h = 0; h < nh; h++)
+            for (int m = 0; m < 4; m++) t[h][m0 + m] = _mm256_add_ps(lo256(c[h][m]), hi256(c[h][m]));
     }
-    for (int h = 0; h < nh; h++) {
-        __m256 c[8];
-        for (int p = 0; p < 4; p++) {
-            c[2 * p] = lo256(c2[h][p]);
-            c[2 * p + 1] = hi256(c2[h][p]);
-        }
-        s[h] = hsum8_x8(c);
-    }
+    for (int h = 0; h < nh; h++) s[h] = hsum8_x8(t[h]);
 }
-#endif
 
-/* scores of cells j..j+7 against the float query qv: tinyBLAS order (d % 8 == 0) */
 LLE_INLINE __m256 kq8_tb(const uint8_t *k0, size_t kst, const float *qv, int64_t d, int f16) {
-#if defined(LLE_OPS_512)
     __m256 s;
     kq8_tb_group(k0, kst, &qv, 1, d, f16, &s);
     return s;
+}
+
+/* the same in ggml's AVX-512 vec_dot order (d % 64 == 0): 4 accumulators of 16 lanes per (cell, query),
+ * ((s0 + s2) + (s1 + s3)), then reduce512 */
+LLE_INLINE void kq8_ggml_group(const uint8_t *k0, size_t kst, const float *const *qv, int nh, int64_t d, int f16,
+                               __m256 *s) {
+    const size_t esz = f16 ? 2 : 4;
+    __m256 t[LLE_ATTN_GROUP][8];
+    for (int m = 0; m < 8; m++) {
+        const uint8_t *kr = k0 + m * kst;
+        __m512 c[LLE_ATTN_GROUP][4];
+        for (int h = 0; h < nh; h++) c[h][0] = c[h][1] = c[h][2] = c[h][3] = _mm512_setzero_ps();
+        for (int64_t l = 0; l < d; l += 64) {
+            __m512 kv[4];
+            for (int r = 0; r < 4; r++) kv[r] = ld_kv16(kr + (size_t)(l + 16 * r) * esz, f16);
+            for (int h = 0; h < nh; h++)
+                for (int r = 0; r < 4; r++) c[h][r] = _mm512_fmadd_ps(kv[r], _mm512_loadu_ps(qv[h] + l + 16 * r), c[h][r]);
+        }
+        for (int h = 0; h < nh; h++) {
+            const __m512 x = _mm512_add_ps(_mm512_add_ps(c[h][0], c[h][2]), _mm512_add_ps(c[h][1], c[h][3]));
+            t[h][m] = _mm256_add_ps(lo256(x), hi256(x));
+        }
+    }
+    for (int h = 0; h < nh; h++) s[h] = hsum8_x8(t[h]);
+}
+
+LLE_INLINE __m256 kq8_ggml(const uint8_t *k0, size_t kst, const float *qv, int64_t d, int f16) {
+    __m256 s;
+    kq8_ggml_group(k0, kst, &qv, 1, d, f16, &s);
+    return s;
+}
 #else
+/* scores of cells j..j+7 against the float query qv: tinyBLAS order (d % 8 == 0) */
+LLE_INLINE __m256 kq8_tb(const uint8_t *k0, size_t kst, const float *qv, int64_t d, int f16) {
     __m256 c[8];
     const size_t esz = f16 ? 2 : 4;
     for (int m = 0; m < 8; m++) c[m] = _mm256_setzero_ps();
@@ -250,7 +382,6 @@ LLE_INLINE __m256 kq8_tb(const uint8_t *k0, size_t kst, const float *qv, int64_t
         for (int m = 0; m < 8; m++) c[m] = _mm256_fmadd_ps(ld_kv(kl + m * kst, f16), qq, c[m]);
     }
     return hsum8_x8(c);
-#endif
 }
 
 /* the same in ggml's vec_dot order (d % 32 == 0): 4 accumulators per cell */
@@ -259,16 +390,6 @@ LLE_INLINE __m256 kq8_ggml(const uint8_t *k0, size_t kst, const float *qv, int64
     const size_t esz = f16 ? 2 : 4;
     for (int m = 0; m < 8; m++) {
         const uint8_t *kr = k0 + m * kst;
-#if defined(LLE_OPS_512)
-        /* [s0 | s1] and [s2 | s3]: their sum folded is (s0 + s2) + (s1 + s3) */
-        __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
-        for (int64_t l = 0; l < d; l += 32) {
-            a = _mm512_fmadd_ps(ld_kv16(kr + (size_t)l * esz, f16), _mm512_loadu_ps(qv + l), a);
-            b = _mm512_fmadd_ps(ld_kv16(kr + (size_t)(l + 16) * esz, f16), _mm512_loadu_ps(qv + l + 16), b);
-        }
-        const __m512 ab = _mm512_add_ps(a, b);
-        x[m] = _mm256_add_ps(lo256(ab), hi256(ab));
-#else
         __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
         for (int64_t l = 0; l < d; l += 32) {
             s0 = _mm256_fmadd_ps(ld_kv(kr + (size_t)l * esz, f16), _mm256_loadu_ps(qv + l), s0);
@@ -277,10 +398,10 @@ LLE_INLINE __m256 kq8_ggml(const uint8_t *k0, size_t kst, const float *qv, int64
             s3 = _mm256_fmadd_ps(ld_kv(kr + (size_t)(l + 24) * esz, f16), _mm256_loadu_ps(qv + l + 24), s3);
         }
         x[m] = _mm256_add_ps(_mm256_add_ps(s0, s2), _mm256_add_ps(s1, s3));
-#endif
     }
     return reduce_ggml4_x8(x);
 }
+#endif
 
 /* visibility of cells j..j+7 for query position qp: bit m set when cell j+m is visible */
 LLE_INLINE int visible8(const int *kpos, __m256i vqp, int window, __m256i vwin) {
@@ -319,8 +440,14 @@ LLE_INLINE float max8(__m256 v) {
     return max;
 }
 
-/* one cell's score over an f16 K row in ggml's order (4 accumulators of 8, d % 32 == 0) */
+/* one cell's score over an f16 K row in ggml's order (4 accumulators of 8 or 16, d % KQ_GG == 0) */
 LLE_INLINE float kq_ggml_f16(const lle_half *kh, const float *qv, int64_t d) {
+#if defined(LLE_OPS_512)
+    __m512 c[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int64_t l = 0; l < d; l += 64)
+        for (int r = 0; r < 4; r++) c[r] = _mm512_fmadd_ps(LDH16(kh + l + 16 * r), _mm512_loadu_ps(qv + l + 16 * r), c[r]);
+    return reduce512(_mm512_add_ps(_mm512_add_ps(c[0], c[2]), _mm512_add_ps(c[1], c[3])));
+#else
     __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
     for (int64_t l = 0; l < d; l += 32) {
         s0 = _mm256_fmadd_ps(LDH(kh + l), _mm256_loadu_ps(qv + l), s0);
@@ -329,6 +456,7 @@ LLE_INLINE float kq_ggml_f16(const lle_half *kh, const float *qv, int64_t d) {
         s3 = _mm256_fmadd_ps(LDH(kh + l + 24), _mm256_loadu_ps(qv + l + 24), s3);
     }
     return reduce_ggml4(s0, s1, s2, s3);
+#endif
 }
 
 /* Prefetches of KV head g's rows (`n` cells from cell j) for attention over a cell-major cache, where
@@ -366,9 +494,15 @@ LLE_INLINE float score1(const uint8_t *kr, const float *qv, int64_t d, int tb, i
     if (!f16) return tb ? dot_f32_tb((int)d, (const float *)kr, qv) : dot_f32_ggml((int)d, (const float *)kr, qv);
     const lle_half *kh = (const lle_half *)kr;
     if (!tb) return kq_ggml_f16(kh, qv, d);
+#if defined(LLE_OPS_512)
+    __m512 c16 = _mm512_setzero_ps();
+    for (int64_t l = 0; l < d; l += 16) c16 = _mm512_fmadd_ps(LDH16(kh + l), _mm512_loadu_ps(qv + l), c16);
+    return reduce512(c16);
+#else
     __m256 c = _mm256_setzero_ps();
     for (int64_t l = 0; l < d; l += 8) c = _mm256_fmadd_ps(LDH(kh + l), _mm256_loadu_ps(qv + l), c);
     return hsum8(c);
+#endif
 }
 
 /* scores of all t cells into w (-inf when masked); returns the max, sets [jlo, jhi] */
@@ -418,12 +552,21 @@ LLE_INLINE float scores_blocked(const lle_attn_args *a, int64_t g, int qp, const
 }
 
 /* o[e] = the sum of the L partial sums acc[l * ld + e] (e < d, ld >= d a multiple of 8) in
- * llama.cpp's order: the last step of every V sum */
+ * llama.cpp's order: the last step of every V sum (L = 8 or 32 on AVX2, 16 or 64 on AVX-512) */
 LLE_INLINE void v_sum_finish(const float *acc, int64_t ld, int64_t d, int L, float *o) {
 #define A(l) _mm256_loadu_ps(acc + (l) * ld + e)
     for (int64_t e = 0; e < d; e += 8) {
         __m256 r;
-        if (L == 8) {
+        if (L == 16 || L == 64) {
+            /* ggml's AVX-512 lanes: (for 64, the 4 accumulators first: (s0 + s2) + (s1 + s3)), then reduce512 */
+            __m256 y[16];
+            for (int m = 0; m < 16; m++)
+                y[m] = L == 16 ? A(m) : _mm256_add_ps(_mm256_add_ps(A(m), A(32 + m)), _mm256_add_ps(A(16 + m), A(48 + m)));
+            __m256 t3[8];
+            for (int m = 0; m < 8; m++) t3[m] = _mm256_add_ps(y[m + 8], y[m]);
+            r = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(t3[4], t3[0]), _mm256_add_ps(t3[6], t3[2])),
+                              _mm256_add_ps(_mm256_add_ps(t3[5], t3[1]), _mm256_add_ps(t3[7], t3[3])));
+        } else if (L == 8) {
             r = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(A(4), A(0)), _mm256_add_ps(A(6), A(2))),
                               _mm256_add_ps(_mm256_add_ps(A(5), A(1)), _mm256_add_ps(A(7), A(3))));
         } else {
@@ -513,26 +656,26 @@ LLE_INLINE void v_sum_rows(const lle_attn_args *a, int64_t g, const float *w, in
 }
 
 /* Attention of one query row and head exactly as llama.cpp computes it without flash attention
- * on an AVX2 CPU: Q rounded to the cache type, K.Q in ggml's (one query) or tinyBLAS's (several
- * queries) order, soft-cap, scale, softmax with ggml's vectorized expf over cells padded to 8,
- * probabilities rounded to the cache type, and the V sum in the same two orders (kept as 32 or 8
+ * on this tier's CPU: Q rounded to the cache type, K.Q in ggml's (one query) or tinyBLAS's (several
+ * queries) order, soft-cap, scale, softmax with ggml's vectorized expf over cells padded to SMX,
+ * probabilities rounded to the cache type, and the V sum in the same two orders (kept as V_GG or V_TB
  * partial sums per output value while cells are visited one by one). Cells are scored 8 at a time
  * (blocks with no visible cell skipped) and the V partial sums live in registers, 8-value slice by
  * slice; every sum is still formed in llama.cpp's order. */
 static void attn_row(const lle_attn_args *a, int64_t i, int64_t h, float *scratch) {
     const int64_t d = a->d, t = a->t;
-    const int64_t tp = (t + 31) & ~(int64_t)31, t8 = (t + 7) & ~(int64_t)7;
+    const int64_t tp = (t + 31) & ~(int64_t)31, ts = (t + SMX - 1) & ~(int64_t)(SMX - 1);
     const int64_t g = h / (a->n_head / a->n_kv);
     const int f16 = a->kv_f16;              /* Q and the probabilities rounded to f16 */
     const int ld16 = f16 && !a->kv_wide;     /* K and V read as f16 (else f32 copies, see lle_attn_args) */
     const size_t esz = ld16 ? 2 : 4;
     /* llama.cpp takes the tinyBLAS path for two or more query rows when the shapes allow it */
-    const int tb_kq = a->n >= 2 && d % 8 == 0;
+    const int tb_kq = a->n >= 2 && d % KQ_TB == 0;
     const int tb_kqv = a->n >= 2 && d % 4 == 0;
     float *w = scratch;                       /* tp scores, then probabilities */
     float *qf = w + 2 * tp;                   /* d floats (or d halves) */
     lle_half *q16 = (lle_half *)qf;
-    float *acc = qf + ((d + 7) & ~(int64_t)7); /* up to 32 x d partial sums */
+    float *acc = qf + ((d + 7) & ~(int64_t)7); /* up to V_GG x d partial sums */
     const float *q = a->q + (i * a->n_head + h) * d;
     if (f16) {
         int64_t e = 0;
@@ -545,7 +688,7 @@ static void attn_row(const lle_attn_args *a, int64_t i, int64_t h, float *scratc
     const int qp = a->q_pos[i];
     const float inv_cap = a->softcap > 0 ? 1.0f / a->softcap : 0.0f;
     /* blocked scores: head size a multiple of 8 (tinyBLAS) or 32 (ggml); Q as floats once */
-    const int blocked = tb_kq ? d % 8 == 0 : d % 32 == 0;
+    const int blocked = tb_kq ? 1 : d % KQ_GG == 0;
     const int fast_kq = f16 && blocked;
     float *qc = acc;  /* reused: the V partial sums are only needed after the scores */
     if (fast_kq)
@@ -581,10 +724,10 @@ static void attn_row(const lle_attn_args *a, int64_t i, int64_t h, float *scratc
         memset(o, 0, (size_t)d * sizeof(float));
         return;
     }
-    for (int64_t j = t; j < t8; j++) w[j] = -INFINITY;
+    for (int64_t j = t; j < ts; j++) w[j] = -INFINITY;
     /* the exponentials of whole 8-cell chunks outside [jlo, jhi] are all exactly 0 (masked): ggml's
      * sum over every chunk equals the sum over the chunks that hold a visible cell */
-    const int64_t c0 = jlo & ~(int64_t)7, c1 = (jhi + 8) & ~(int64_t)7;
+    const int64_t c0 = jlo & ~(int64_t)(SMX - 1), c1 = (jhi + SMX) & ~(int64_t)(SMX - 1);
     const float inv = (float)(1.0 / softmax_exp((int)(c1 - c0), w + c0, w + c0, max));
     /* probabilities, rounded to the cache type (cells of [c0, c1) outside [jlo, jhi] stay 0) */
     const __m256 vinv = _mm256_set1_ps(inv);
@@ -592,7 +735,7 @@ static void attn_row(const lle_attn_args *a, int64_t i, int64_t h, float *scratc
         const __m256 p = _mm256_mul_ps(_mm256_loadu_ps(w + j), vinv);
         _mm256_storeu_ps(w + j, f16 ? _mm256_cvtph_ps(_mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT)) : p);
     }
-    const int L = tb_kqv ? 8 : 32;
+    const int L = tb_kqv ? V_TB : V_GG;
     if (d % 8 == 0) {
         /* llama.cpp's lanes are j % L: start at a multiple of L, the cells before c0 weigh 0 */
         const int64_t jb = jlo & ~(int64_t)(L - 1);
@@ -638,29 +781,6 @@ static void attn_row(const lle_attn_args *a, int64_t i, int64_t h, float *scratc
  * vs 121-131 us per layer), so the AVX2 tier has no attn_group. */
 #if defined(LLE_OPS_512)
 
-/* scores of cells j..j+7 for nh queries (ggml's order per query, as kq8_ggml) into s[h] */
-LLE_INLINE void kq8_ggml_group(const uint8_t *k0, size_t kst, const float *const *qv, int nh, int64_t d,
-                               __m256 *s) {
-    __m256 x[LLE_ATTN_GROUP][8];
-    for (int m = 0; m < 8; m++) {
-        const uint8_t *kr = k0 + m * kst;
-        __m512 a[LLE_ATTN_GROUP], b[LLE_ATTN_GROUP];
-        for (int h = 0; h < nh; h++) a[h] = b[h] = _mm512_setzero_ps();
-        for (int64_t l = 0; l < d; l += 32) {
-            const __m512 k0v = ld_kv16(kr + (size_t)l * 2, 1), k1v = ld_kv16(kr + (size_t)(l + 16) * 2, 1);
-            for (int h = 0; h < nh; h++) {
-                a[h] = _mm512_fmadd_ps(k0v, _mm512_loadu_ps(qv[h] + l), a[h]);
-                b[h] = _mm512_fmadd_ps(k1v, _mm512_loadu_ps(qv[h] + l + 16), b[h]);
-            }
-        }
-        for (int h = 0; h < nh; h++) {
-            const __m512 ab = _mm512_add_ps(a[h], b[h]);
-            x[h][m] = _mm256_add_ps(lo256(ab), hi256(ab));
-        }
-    }
-    for (int h = 0; h < nh; h++) s[h] = reduce_ggml4_x8(x[h]);
-}
-
 /* scores_blocked (ggml order, f16 cache) for nh queries: w[h] gets query h's scores, max[h] its max;
  * the visible range [jlo, jhi] depends on positions only, so it is the same for every query */
 /* scores_group's steps, shared with wide_scores: the scores of the visible 8 cells at j (vis != 0) for
@@ -671,7 +791,7 @@ LLE_INLINE void scores8_group(const lle_attn_args *a, const uint8_t *k8, size_t 
     const float inv_cap = a->softcap > 0 ? 1.0f / a->softcap : 0.0f;
     __m256 s[LLE_ATTN_GROUP];
     if (tb) kq8_tb_group(k8, kst, qv, nh, a->d, f16, s);
-    else kq8_ggml_group(k8, kst, qv, nh, a->d, s);
+    else kq8_ggml_group(k8, kst, qv, nh, a->d, f16, s);
     for (int h = 0; h < nh; h++) {
         const __m256 sh = finish_scores8(s[h], vis, a, inv_cap, vscale, ninf);
         _mm256_storeu_ps(w[h] + j, sh);
@@ -798,7 +918,7 @@ LLE_INLINE void v_sum_group(const lle_attn_args *a, int64_t g, const float *cons
 
 LLE_INLINE void attn_group_n(const lle_attn_args *a, int64_t i, int64_t h0, const int nh, float *scratch, int64_t per) {
     const int64_t d = a->d, t = a->t;
-    const int64_t tp = (t + 31) & ~(int64_t)31, t8 = (t + 7) & ~(int64_t)7;
+    const int64_t tp = (t + 31) & ~(int64_t)31, ts = (t + SMX - 1) & ~(int64_t)(SMX - 1);
     const int64_t g = h0 / (a->n_head / a->n_kv);
     const int qp = a->q_pos[i];
     float *w[LLE_ATTN_GROUP], *acc[LLE_ATTN_GROUP], max[LLE_ATTN_GROUP];
@@ -821,8 +941,8 @@ LLE_INLINE void attn_group_n(const lle_attn_args *a, int64_t i, int64_t h0, cons
     const int tb = a->n >= 2, ld16 = !a->kv_wide;
     int64_t jlo, jhi;
     scores_group(a, g, qp, qc, nh, tb, ld16, w, max, &jlo, &jhi);
-    const int L = tb ? 8 : 32;
-    const int64_t c0 = jlo & ~(int64_t)7, c1 = (jhi + 8) & ~(int64_t)7, jb = jlo & ~(int64_t)(L - 1);
+    const int L = tb ? V_TB : V_GG;
+    const int64_t c0 = jlo & ~(int64_t)(SMX - 1), c1 = (jhi + SMX) & ~(int64_t)(SMX - 1), jb = jlo & ~(int64_t)(L - 1);
     float *wv[LLE_ATTN_GROUP], *av[LLE_ATTN_GROUP];
     int64_t hv[LLE_ATTN_GROUP];
     for (int hh = 0; hh < nh; hh++) {
@@ -832,7 +952,7 @@ LLE_INLINE void attn_group_n(const lle_attn_args *a, int64_t i, int64_t h0, cons
             continue;
         }
         float *wh = w[hh];
-        for (int64_t j = t; j < t8; j++) wh[j] = -INFINITY;
+        for (int64_t j = t; j < ts; j++) wh[j] = -INFINITY;
         const float inv = (float)(1.0 / softmax_exp((int)(c1 - c0), wh + c0, wh + c0, max[hh]));
         const __m256 vinv = _mm256_set1_ps(inv);
         for (int64_t j = c0; j < c1; j += 8) {
@@ -852,7 +972,7 @@ LLE_INLINE void attn_group_n(const lle_attn_args *a, int64_t i, int64_t h0, cons
 /* nh a compile-time constant in each instance, so the heads' accumulators stay in registers */
 static void attn_group(const lle_attn_args *a, int64_t i, int64_t h0, int nh, float *scratch, int64_t per) {
     const int64_t d = a->d;
-    if (nh < 2 || nh > LLE_ATTN_GROUP || !a->kv_f16 || (a->n == 1 ? a->kv_wide || d % 32 != 0 : d % 8 != 0)) {
+    if (nh < 2 || nh > LLE_ATTN_GROUP || !a->kv_f16 || (a->n == 1 ? a->kv_wide || d % KQ_GG != 0 : d % KQ_TB != 0)) {
         for (int hh = 0; hh < nh; hh++) attn_row(a, i, h0 + hh, scratch);
         return;
     }
@@ -923,33 +1043,33 @@ static void wide_scores(lle_attn_wide *p, int64_t b) {
     }
 }
 
-/* softmax_exp's exponentials of block b's 8-cell chunks in [c0, c1), each chunk's hsum8 kept for the
- * sum (ops.c adds them as doubles in chunk order, as softmax_exp) */
+/* softmax_exp's exponentials of block b's 16-cell chunks in [c0, c1), each chunk's reduce512 kept for
+ * the sum (csum[j / 16]; ops.c adds them as doubles in chunk order, as softmax_exp) */
 static void wide_exp(lle_attn_wide *p, int64_t b) {
     const int64_t lo = b * LLE_ATTN_WIDE_CELLS > p->c0 ? b * LLE_ATTN_WIDE_CELLS : p->c0;
     const int64_t hi = (b + 1) * LLE_ATTN_WIDE_CELLS < p->c1 ? (b + 1) * LLE_ATTN_WIDE_CELLS : p->c1;
     for (int64_t h = 0; h < p->a->n_head; h++) {
         if (p->maxv[h] == -INFINITY) continue;
         float *w = p->w + h * p->tp, *cs = p->csum + h * (p->tp / 8);
-        const __m256 vmax = _mm256_set1_ps(p->maxv[h]);
-        for (int64_t j = lo; j < hi; j += 8) {
-            const __m256 val = v_expf(_mm256_sub_ps(_mm256_loadu_ps(w + j), vmax));
-            _mm256_storeu_ps(w + j, val);
-            cs[j / 8] = hsum8(val);
+        const __m512 vmax = _mm512_set1_ps(p->maxv[h]);
+        for (int64_t j = lo; j < hi; j += 16) {
+            const __m512 val = v_expf512(_mm512_sub_ps(_mm512_loadu_ps(w + j), vmax));
+            _mm512_storeu_ps(w + j, val);
+            cs[j / 16] = reduce512(val);
         }
     }
 }
 
-/* V sums of KV head g's query heads in lanes 16 * half .. + 15 (lane l: cells j % 32 == l, in order),
- * as v_sum_group: first the probabilities of this half's cells, in place of their exponentials (times
+/* V sums of KV head g's query heads in lanes 16 * part .. + 15 (lane l: cells j % 64 == l, in order;
+ * part 0..3), as v_sum_group: first the probabilities of this part's cells, in place of their exponentials (times
  * inv, rounded to f16; 0 before c0, where attn_group zeroes them), then lane by lane with the sums in
  * registers, a head skipping the cells where its probability is 0 */
-LLE_INLINE void wide_v_n(lle_attn_wide *p, int64_t g, int half, const int hpg) {
+LLE_INLINE void wide_v_n(lle_attn_wide *p, int64_t g, int part, const int hpg) {
     const lle_attn_args *a = p->a;
     const int64_t d = a->d, h0 = g * hpg;
     const size_t vst = (size_t)a->vs_t * 2;
     const uint8_t *vb = a->v + (size_t)(g * a->vs_h) * 2;
-    const int64_t jend = p->jhi + 1, l0 = 16 * half;
+    const int64_t jend = p->jhi + 1, l0 = 16 * part;
     float *w[LLE_ATTN_GROUP];
     int live[LLE_ATTN_GROUP], nlive = 0;
     for (int hh = 0; hh < hpg; hh++) {
@@ -958,7 +1078,7 @@ LLE_INLINE void wide_v_n(lle_attn_wide *p, int64_t g, int half, const int hpg) {
         nlive += live[hh];
         if (!live[hh]) continue;
         const __m256 vinv = _mm256_set1_ps(p->inv[h0 + hh]);
-        for (int64_t base = p->jb + l0; base < jend; base += 32)
+        for (int64_t base = p->jb + l0; base < jend; base += V_GG)
             for (int m = 0; m < 16; m += 8) {
                 const int64_t j = base + m;
                 __m256 x = _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_mul_ps(_mm256_loadu_ps(w[hh] + j), vinv), _MM_FROUND_TO_NEAREST_INT));
@@ -977,7 +1097,7 @@ LLE_INLINE void wide_v_n(lle_attn_wide *p, int64_t g, int half, const int hpg) {
             const int four = d - e0 >= 64;  /* else the last 32 values */
             __m512 z[LLE_ATTN_GROUP][4];
             for (int hh = 0; hh < hpg; hh++) z[hh][0] = z[hh][1] = z[hh][2] = z[hh][3] = _mm512_setzero_ps();
-            for (int64_t j = p->jb + l; j < jend; j += 32) {
+            for (int64_t j = p->jb + l; j < jend; j += V_GG) {
                 _mm_prefetch((const char *)vb + (size_t)(j + 128) * vst + e0 * 2, _MM_HINT_T0);
                 if (four) _mm_prefetch((const char *)vb + (size_t)(j + 128) * vst + e0 * 2 + 64, _MM_HINT_T0);
                 int any = 0;
@@ -999,7 +1119,7 @@ LLE_INLINE void wide_v_n(lle_attn_wide *p, int64_t g, int half, const int hpg) {
             }
             for (int hh = 0; hh < hpg; hh++) {
                 if (!live[hh]) continue;
-                float *al = p->acc + ((h0 + hh) * 32 + l) * d + e0;
+                float *al = p->acc + ((h0 + hh) * V_GG + l) * d + e0;
                 _mm512_storeu_ps(al, z[hh][0]);
                 _mm512_storeu_ps(al + 16, z[hh][1]);
                 if (four) {
@@ -1009,21 +1129,21 @@ LLE_INLINE void wide_v_n(lle_attn_wide *p, int64_t g, int half, const int hpg) {
             }
         }
     }
-    /* the second of KV head g's two tasks to end adds the 32 lanes of its heads (attn_group_n's end) */
+    /* the last of KV head g's four tasks to end adds the 64 lanes of its heads (attn_group_n's end) */
     if (__atomic_sub_fetch(&p->v_left[g], 1, __ATOMIC_ACQ_REL) != 0) return;
     for (int hh = 0; hh < hpg; hh++) {
         float *o = a->out + (h0 + hh) * d;
-        if (live[hh]) v_sum_finish(p->acc + (h0 + hh) * 32 * d, d, d, 32, o);
+        if (live[hh]) v_sum_finish(p->acc + (h0 + hh) * V_GG * d, d, d, V_GG, o);
         else memset(o, 0, sizeof(float) * (size_t)d);
     }
 }
 
-static void wide_v(lle_attn_wide *p, int64_t g, int half) {
+static void wide_v(lle_attn_wide *p, int64_t g, int part) {
     switch (p->a->n_head / p->a->n_kv) {
-    case 1: wide_v_n(p, g, half, 1); break;
-    case 2: wide_v_n(p, g, half, 2); break;
-    case 3: wide_v_n(p, g, half, 3); break;
-    default: wide_v_n(p, g, half, 4); break;
+    case 1: wide_v_n(p, g, part, 1); break;
+    case 2: wide_v_n(p, g, part, 2); break;
+    case 3: wide_v_n(p, g, part, 3); break;
+    default: wide_v_n(p, g, part, 4); break;
     }
 }
 #define WIDE_SCORES wide_scores

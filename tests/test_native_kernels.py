@@ -979,8 +979,9 @@ def test_c_selftest_simd_against_scalar(tmp_path: Path) -> None:
 def test_c_selftest_avx512_through_simde_equals_avx2_bitwise(tmp_path: Path) -> None:
     """The AVX-512 kernels and float ops compiled against SIMDe (native/selftest_simde.c,
     selftest_simde_ops.c), so that CPUs without AVX-512 check them too: every product (decode, prefill
-    tiles, row-exact rows kernels, odd float tails) and the attention equal to the AVX2 tier's bit
-    for bit."""
+    tiles, row-exact rows kernels, odd float tails) equal to the AVX2 tier's bit for bit; the float ops
+    (which follow ggml's AVX-512 build, not AVX2's) against the scalar ones, and the attention's row,
+    grouped-head and wide paths against each other bit for bit."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         skip_or_fail("the AVX-512 tier is compared with the AVX2 kernels, which need an x86 CPU")
     exe = tmp_path / "selftest_simde"
@@ -991,7 +992,8 @@ def test_c_selftest_avx512_through_simde_equals_avx2_bitwise(tmp_path: Path) -> 
             pytest.fail("needs SIMDe's headers (Debian: libsimde-dev; scripts/test.sh installs it)")
         raise AssertionError(e.stderr[-2000:]) from None
     res = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
-    assert "avx512 kernels: SIMDe" in res.stdout and "testing avx512 against avx2, bit for bit" in res.stdout, res.stdout
+    assert "avx512 kernels: SIMDe" in res.stdout and "testing avx512's products against avx2's" in res.stdout, res.stdout
+    assert "testing avx512 against scalar" in res.stdout and "wide decode attention" in res.stdout, res.stdout
     assert res.returncode == 0 and "PASSED" in res.stdout, res.stdout
 
 

@@ -416,7 +416,8 @@ class NativeBackend:
         gate, up = _f32c(gate), _f32c(up)
         check_same_shape("glu", gate, up, ("gate", "up"))
         o = _out(out, gate.shape)
-        _check(lib.lle_glu(_fptr(gate), _fptr(up), gate.size, _GLU_KINDS[kind], _fptr(o)), "glu")
+        row = gate.shape[-1] if gate.ndim else 1  # ggml's vector loops restart at every row
+        _check(lib.lle_glu(_fptr(gate), _fptr(up), gate.size, max(row, 1), _GLU_KINDS[kind], _fptr(o)), "glu")
         return o
 
     def add(self, a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
