@@ -127,7 +127,7 @@ static void test_types(int isa) {
 }
 
 #if defined(LLE_X86)
-#include <xmmintrin.h>
+#include <immintrin.h>
 /* ggml's AVX-512 build's orders where they differ from its AVX2 build's (F32, F16, BF16 products;
  * IQ4_NL's decode), in portable scalar C: the avx512 tier must equal these bit for bit (the SIMDe
  * build checks its source on CPUs without AVX-512 this way), the avx2 tier keeps the AVX2 build's.
@@ -228,6 +228,43 @@ static float ref512_dot_tb(int t, int k, const void *w, const void *a) {
     }
     return ref_reduce16(c);
 }
+
+/* ref_dpbf16_lane (and the avx512 tier's two FMAs under DAZ/FTZ) against the vdpbf16ps instruction
+ * itself, on a CPU that has it: random pairs of every magnitude, denormal inputs, products and sums
+ * included. Returns the number of lanes compared (0: no AVX512_BF16 here). */
+#if !defined(LLE_SELFTEST_SIMDE) && (defined(__clang__) || __GNUC__ >= 10)
+__attribute__((target("avx512f,avx512bf16"))) static void hw_dpbf16(float *acc, const uint16_t *x, const uint16_t *y) {
+    __m512 c = _mm512_loadu_ps(acc);
+    c = _mm512_dpbf16_ps(c, (__m512bh)_mm512_loadu_si512((const void *)x), (__m512bh)_mm512_loadu_si512((const void *)y));
+    _mm512_storeu_ps(acc, c);
+}
+static int test_dpbf16_emulation(void) {
+    if (!__builtin_cpu_supports("avx512bf16")) return 0;
+    static const float scale[] = {1.0f, 1e-19f, 1e-20f, 3e-39f};
+    int n = 0;
+    for (int it = 0; it < 20000; it++) {
+        uint16_t x[32], y[32];
+        float hw[16], em[16];
+        for (int i = 0; i < 32; i++) {
+            x[i] = lle_fp32_to_bf16(rndf() * scale[rnd() % 4] * 4.0f);
+            y[i] = lle_fp32_to_bf16(rndf() * scale[rnd() % 4]);
+            if (rnd() % 16 == 0) x[i] = (uint16_t)(rnd() & 0x807F);  /* a denormal bf16 */
+        }
+        for (int l = 0; l < 16; l++) hw[l] = rndf() * scale[rnd() % 4] * 1e-18f;
+        memcpy(em, hw, sizeof(hw));
+        hw_dpbf16(hw, x, y);
+        const unsigned int csr = _mm_getcsr();
+        _mm_setcsr(csr | 0x8040u);
+        for (int l = 0; l < 16; l++) em[l] = ref_dpbf16_lane(em[l], x, y, l);
+        _mm_setcsr(csr);
+        for (int l = 0; l < 16; l++, n++)
+            CHECK(memcmp(&hw[l], &em[l], 4) == 0, "vdpbf16ps lane %d: %.9g, emulated %.9g", l, hw[l], em[l]);
+    }
+    return n;
+}
+#else
+static int test_dpbf16_emulation(void) { return 0; }
+#endif
 
 /* lle_matmul's products as ggml's AVX-512 build computes them, into out[i * m + j]; 0 (nothing
  * written) where that build computes as its AVX2 build (other types, IQ4_NL with several rows) */
@@ -710,6 +747,8 @@ int main(void) {
 #endif
     if (lle_isa_available(ISA_AVX512) && lle_isa_available(ISA_AVX2)) {
         printf("testing avx512 against avx2, bit for bit (float products, IQ4_NL decode: against ggml's AVX-512 order)\n");
+        const int lanes = test_dpbf16_emulation();
+        if (lanes) printf("  vdpbf16ps: %d lanes equal to its emulation\n", lanes);
         test_bitexact(ISA_AVX512, ISA_AVX2);
         test_packed(ISA_AVX512, ISA_AVX2);
         test_attention_bitexact(ISA_AVX512, ISA_AVX2);
