@@ -229,6 +229,7 @@ static void select_isa(int isa) {
                 k.tile_rows = src->tile_rows;
                 k.vec_dot_batch = src->vec_dot_batch;
                 k.tile_batch = src->tile_batch;
+                k.batch_k = src->batch_k;
                 k.gemv = src->gemv;
                 k.vec_dot_r8 = src->vec_dot_r8;
                 k.vec_dot_r8_gemm = src->vec_dot_r8_gemm;
@@ -602,7 +603,7 @@ int lle_matmul_impl(int type, const void *w, long long w_stride, long long m, lo
         c.tile_rows = 4;
         if (kw->packed && m % LLE_PACK_ROWS == 0 && (c.pw = lle_packed_find(type, kw->packed_layout, w, c.ws, m, k)))
             c.gbytes = lle_packed_group_bytes(type, k);
-    } else if (n >= 2 && kw->vec_dot_batch && (!plain || (m % 4 == 0 && k % 8 == 0))) {
+    } else if (n >= 2 && kw->vec_dot_batch && (!plain || (m % 4 == 0 && k % (kw->batch_k ? kw->batch_k : 8) == 0))) {
         c.vd = kw->vec_dot_batch;
         c.tile = kw->tile_batch;
         c.tile_rows = 4;

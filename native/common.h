@@ -235,9 +235,10 @@ typedef struct {
     int tile_rows;                  /* activation rows per call of `tile` (0: 4; else a multiple of 4:
                                      * `sc` then holds the scales of consecutive 4-row groups) */
     /* optional dot product for several activation rows (llama.cpp uses llamafile's tinyBLAS there,
-     * with another summation order); float types only when m % 4 == 0 and k % 8 == 0 */
+     * with another summation order); float types only when m % 4 == 0 and k % batch_k == 0 */
     lle_vec_dot_fn vec_dot_batch;
     lle_tile_fn tile_batch;         /* optional: vec_dot_batch's order for up to 4 activation rows */
+    int batch_k;                    /* float types: the k multiple tinyBLAS needs (0: 8, its AVX2 width) */
     /* optional: llama.cpp's orders for repacked weights (CPU_REPACK), used when m % 8 == 0: its
      * GEMM's for the first n - n % 4 activation rows when n > 3, its GEMV's for the others */
     lle_vec_dot_fn vec_dot_r8;

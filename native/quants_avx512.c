@@ -1,16 +1,18 @@
 /* AVX-512 tier (F, BW, VL, DQ, VNNI) of the dispatch table: quantized products for the types of
- * the reference models (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; Q4_K, Q6_K) and the F16/BF16 products (decode,
- * prefill tile, BF16 rows kernel), selected at run time only when CPUID reports avx512f/bw/vl/vnni
- * (api.c); the tier's float ops (attention) are ops_avx512.c. Every other field and type falls back
- * to the AVX2 tier. AVX512_BF16's vdpbf16ps is deliberately not used (see the f16/bf16 section).
+ * the reference models (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; Q4_K, Q6_K), the F32/F16/BF16 products (decode,
+ * prefill tile, BF16 rows kernel) and IQ4_NL's decode, selected at run time only when CPUID reports
+ * avx512f/bw/vl/vnni (api.c); the tier's float ops (attention) are ops_avx512.c. Every other field
+ * and type falls back to the AVX2 tier.
  *
- * Summation order: every kernel here reproduces the AVX2 kernel of the same slot bit for bit (the
- * AVX2 kernels reproduce llama.cpp's orders, see quants_avx2.c and korder_avx2.inc), so results do
- * not depend on the tier and the conformance fixtures hold on both. The integer parts of a block
- * are exact whatever instructions compute them (vpdpbusd/vpdpwssd here, maddubs/madd in AVX2); the
- * float operations happen per output in the same order and rounding: where two outputs share a
- * 512-bit register (two activation rows of a prefill tile, in the two 256-bit halves), each half
- * performs exactly the AVX2 kernel's 8-lane operations.
+ * Summation order: the tier reproduces ggml's AVX-512 build (llama.cpp and Ollama on an AVX-512
+ * CPU; tests/fixtures/native_ggml_ops_avx512.json). Where that build runs the same code as its AVX2
+ * build (the quantized products), every kernel here reproduces the AVX2 kernel of the same slot bit
+ * for bit (see quants_avx2.c and korder_avx2.inc). The integer parts of a block are exact whatever
+ * instructions compute them (vpdpbusd/vpdpwssd here, maddubs/madd in AVX2); the float operations
+ * happen per output in the same order and rounding: where two outputs share a 512-bit register (two
+ * activation rows of a prefill tile, in the two 256-bit halves), each half performs exactly the AVX2
+ * kernel's 8-lane operations. Where the AVX-512 build differs (the float products, IQ4_NL's odd last
+ * block) the kernels follow it instead (the float products section).
  *
  * Q4_K, Q6_K, Q4_1 and Q8_0 weights with a multiple of 16 rows also get a packed copy at load
  * (native/packed.c): packed_q4_K serves decode and both repacked prefill orders, packed_q6_K the tiled
@@ -19,7 +21,8 @@
  *
  * The same source is compiled a second time against SIMDe (LLE_AVX512_SIMDE, see
  * native/selftest_simde.c), into the self-test only, so that a CPU without AVX-512 checks this code
- * bit for bit against the AVX2 kernels (tests/test_native_kernels.py).
+ * bit for bit against the AVX2 kernels, and the float products against selftest.c's scalar copy of
+ * ggml's AVX-512 orders (tests/test_native_kernels.py).
  */
 #include "common.h"
 
@@ -901,101 +904,141 @@ static void tile_q6_K_tiled(int k, const void *w, size_t ws, int nc, const void 
 
 #undef ACT_ROW
 
-/* ---------------------------------------------------------------- f16 and bf16 products */
-/* The AVX2 float kernels' orders in 512-bit registers. Decode (ggml's vec_dot_f16/_bf16 as
- * quants_avx2.c reproduces them): four 8-lane accumulators c0..c3 over 32 values, held as
- * [c0 | c1] and [c2 | c3]; their sum [c0 + c2 | c1 + c3] folded to (c0 + c2) + (c1 + c3) is the
- * AVX2 kernels' first reduction step exactly, the rest is theirs. Prefill (tinyBLAS's order, one
- * 8-lane accumulator per output): two weight rows share a register, one per 256-bit half.
- *
- * BF16 does not use AVX512_BF16's vdpbf16ps: that instruction adds the two products of a pair to
- * its lane in turn (odd element first, Intel's pseudo-code), with denormal inputs read as zero and
- * denormal results flushed, which is another summation order and another rounding than the
- * documented reference (ggml's AVX2 order, which the scalar NumPy checks and the conformance
- * fixtures use); llama.cpp's results would then depend on the tier, and ours must not. bf16 -> f32
- * is a 16-bit shift, so the FMA path costs one extra shift per 16 values. */
+/* ---------------------------------------------------------------- float products (F32, F16, BF16) */
+/* ggml's AVX-512 build (what llama.cpp and Ollama run on an AVX-512 CPU; the AVX2 tier keeps the
+ * AVX2 build's orders), checked by tests/fixtures/native_ggml_ops_avx512.json:
+ * - one activation row: ggml_vec_dot_f32 / _f16 (GGML_F32x16): four 16-lane accumulators over 64
+ *   values, reduced (a0 + a2) + (a1 + a3), then _mm512_reduce_add_ps; the values past the last 64
+ *   one by one (f32: a float sum of rounded products, f16: in double). ggml_vec_dot_bf16 (AVX512_BF16): two
+ *   vdpbf16ps accumulators over 64 values, each reduced and added in double, then the rest in double;
+ * - several rows, when m % 4 == 0 and k is a multiple of 16 (f32, f16) or 32 (bf16; batch_k):
+ *   llamafile's tinyBLAS<16, __m512> (<32, __m512bh> for bf16), one 16-lane accumulator per output,
+ *   _mm512_reduce_add_ps.
+ * vdpbf16ps adds to each f32 lane the product of the odd bf16 of its pair, then that of the even
+ * one, each rounded, denormal inputs read as zero and denormal results flushed (whatever MXCSR says).
+ * Here it is two FMAs (the product of two bf16 is exact) with MXCSR's DAZ and FTZ set around the
+ * loop: equal to the instruction bit for bit, denormals included, on every AVX-512 CPU (with or
+ * without AVX512_BF16) and through SIMDe. */
 
 #define LD16H(p) lle512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
-#define LD16B(p) _mm512_castsi512_ps(_mm512_slli_epi32(lle512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
-/* 8 halves of row p and 8 of row q as [p | q] (same 16-bit layout for f16 and bf16) */
-#define PAIR16(p, q) _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p))), \
-                                             _mm_loadu_si128((const __m128i *)(q)), 1)
-#define CVT16H(v) lle512_cvtph_ps(v)
-#define CVT16B(v) _mm512_castsi512_ps(_mm512_slli_epi32(lle512_cvtepu16_epi32(v), 16))
 
-/* (c0 + c2) + (c1 + c3) of the AVX2 kernels from a = [c0 | c1], b = [c2 | c3] */
-LLE_INLINE __m256 fold_4x8(__m512 a, __m512 b) {
-    const __m512 ab = _mm512_add_ps(a, b);
-    return _mm256_add_ps(_mm512_castps512_ps256(ab), hi256_ps(ab));
+/* _mm512_reduce_add_ps's tree: lanes i + (i + 8), then hsum_float_8's (i + 4), (i + 2), (i + 1) */
+LLE_INLINE float reduce512(__m512 v) { return hsum_float_8(_mm256_add_ps(_mm512_castps512_ps256(v), hi256_ps(v))); }
+
+/* (a0 + a2) + (a1 + a3), reduced: GGML_F32x16_REDUCE */
+LLE_INLINE float reduce_ggml16(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+    return reduce512(_mm512_add_ps(_mm512_add_ps(a0, a2), _mm512_add_ps(a1, a3)));
 }
 
-/* reduce_ggml4's steps after its first (quants_avx2.c) */
-LLE_INLINE float reduce_ggml_folded(__m256 x) {
-    const __m128 t0 = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-    const __m128 t1 = _mm_hadd_ps(t0, t0);
-    return _mm_cvtss_f32(_mm_hadd_ps(t1, t1));
+/* MXCSR with DAZ and FTZ set (vdpbf16ps's denormal rules); returns the previous value to restore */
+LLE_INLINE unsigned int daz_ftz_on(void) {
+    const unsigned int csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8040u);
+    return csr;
 }
 
-/* the ends of the two decode orders (bf16's shared with its rows kernel): a = [c0 | c1], b = [c2 | c3]
- * over the first np values, plus the tail */
-LLE_INLINE float finish_f16(__m512 a, __m512 b, const lle_half *x, const lle_half *y, int np, int n) {
-    double sumf = reduce_ggml_folded(fold_4x8(a, b));
-    for (int i = np; i < n; i++) sumf += (double)(h2f(x[i]) * h2f(y[i]));
-    return (float)sumf;
+/* the bf16 pairs of 32 values as floats: odd members (high halves), even members (low halves) */
+LLE_INLINE __m512 bf16_odd(__m512i v) { return _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32((int)0xFFFF0000u))); }
+LLE_INLINE __m512 bf16_even(__m512i v) { return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)); }
+
+/* vdpbf16ps(acc, x, y) over the 32 bf16 at x and y (under daz_ftz_on) */
+LLE_INLINE __m512 dpbf16(__m512 acc, const uint16_t *x, const uint16_t *y) {
+    const __m512i xv = _mm512_loadu_si512((const void *)x), yv = _mm512_loadu_si512((const void *)y);
+    acc = _mm512_fmadd_ps(bf16_odd(xv), bf16_odd(yv), acc);
+    return _mm512_fmadd_ps(bf16_even(xv), bf16_even(yv), acc);
 }
 
-LLE_INLINE float finish_bf16(__m512 a, __m512 b, const uint16_t *x, const uint16_t *y, int np, int n) {
-    return lle_bf16_dot_finish((double)hsum_float_8(fold_4x8(a, b)), x, y, np, n);
-}
-
-#define VEC_DOT_HALF(NAME, T, LOAD)                                                                       \
-    static void vec_dot_##NAME(int n, float *LLE_RESTRICT s, const void *LLE_RESTRICT vx, const void *LLE_RESTRICT vy) { \
-        const T *x = vx, *y = vy;                                                                         \
-        const int np = n & ~31;                                                                           \
-        __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();                                          \
-        for (int i = 0; i < np; i += 32) {                                                                \
-            a = _mm512_fmadd_ps(LOAD(x + i), LOAD(y + i), a);                                             \
-            b = _mm512_fmadd_ps(LOAD(x + i + 16), LOAD(y + i + 16), b);                                   \
-        }                                                                                                 \
-        *s = finish_##NAME(a, b, x, y, np, n);                                                            \
+static void vec_dot_f32(int n, float *LLE_RESTRICT s, const void *LLE_RESTRICT vx, const void *LLE_RESTRICT vy) {
+    const float *x = vx, *y = vy;
+    const int np = n & ~63;
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+    for (int i = 0; i < np; i += 64) {
+        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i), a0);
+        a1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(y + i + 16), a1);
+        a2 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 32), _mm512_loadu_ps(y + i + 32), a2);
+        a3 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 48), _mm512_loadu_ps(y + i + 48), a3);
     }
+    float sumf = reduce_ggml16(a0, a1, a2, a3);
+    for (int i = np; i < n; i++) sumf += x[i] * y[i];  /* not fused (vec.cpp is C++, compiled without contraction) */
+    *s = sumf;
+}
 
-VEC_DOT_HALF(f16, lle_half, LD16H)
-VEC_DOT_HALF(bf16, uint16_t, LD16B)
+static void vec_dot_f16(int n, float *LLE_RESTRICT s, const void *LLE_RESTRICT vx, const void *LLE_RESTRICT vy) {
+    const lle_half *x = vx, *y = vy;
+    const int np = n & ~63;
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+    for (int i = 0; i < np; i += 64) {
+        a0 = _mm512_fmadd_ps(LD16H(x + i), LD16H(y + i), a0);
+        a1 = _mm512_fmadd_ps(LD16H(x + i + 16), LD16H(y + i + 16), a1);
+        a2 = _mm512_fmadd_ps(LD16H(x + i + 32), LD16H(y + i + 32), a2);
+        a3 = _mm512_fmadd_ps(LD16H(x + i + 48), LD16H(y + i + 48), a3);
+    }
+    double sumf = reduce_ggml16(a0, a1, a2, a3);
+    for (int i = np; i < n; i++) sumf += (double)(h2f(x[i]) * h2f(y[i]));
+    *s = (float)sumf;
+}
+
+/* the end of vec_dot_bf16 (shared with its rows kernel): c1, c2 over the first np values, the tail */
+LLE_INLINE float finish_bf16(__m512 c1, __m512 c2, const uint16_t *x, const uint16_t *y, int np, int n) {
+    double sumf = reduce512(c1);
+    sumf += reduce512(c2);
+    return lle_bf16_dot_finish(sumf, x, y, np, n);
+}
+
+static void vec_dot_bf16(int n, float *LLE_RESTRICT s, const void *LLE_RESTRICT vx, const void *LLE_RESTRICT vy) {
+    const uint16_t *x = vx, *y = vy;
+    const int np = n & ~63;
+    __m512 c1 = _mm512_setzero_ps(), c2 = _mm512_setzero_ps();
+    const unsigned int csr = daz_ftz_on();
+    for (int i = 0; i < np; i += 64) {
+        c1 = dpbf16(c1, x + i, y + i);
+        c2 = dpbf16(c2, x + i + 32, y + i + 32);
+    }
+    _mm_setcsr(csr);
+    *s = finish_bf16(c1, c2, x, y, np, n);
+}
 
 /* several bf16 activation rows (decode of a few tokens at once), each exactly vec_dot_bf16 above:
- * the AVX2 rows kernel's scheme (gemv_rows_avx2.inc; f16 has none, as there): two weight rows
- * converted to floats per LLE_ROWS_CHUNK values, each activation vector converted once for both */
+ * two weight rows split into odd and even floats per LLE_ROWS_CHUNK values (a multiple of 64), each
+ * activation chunk read once for both */
 #define LLE_ROWS_CHUNK 256
 /* weight rows x0, x1 against n activation rows into out[r * ldo + 0 / 1] (x1 == x0 for a last odd
  * row: computed twice, stored once) */
 LLE_INLINE void rows_bf16_pair(int k, const uint16_t *x0, const uint16_t *x1, int two, const void *av, size_t as,
                                const int n, float *out, size_t ldo) {
-    const int np = k & ~31;
-    float wf[2][LLE_ROWS_CHUNK] __attribute__((aligned(64)));
+    const int np = k & ~63;
+    float wf[2][2 * LLE_ROWS_CHUNK] __attribute__((aligned(64)));  /* per 32 values: 16 odd, 16 even */
     __m512 acc[LLE_GEMV_ROWS][4];
     for (int r = 0; r < n; r++)
         for (int q = 0; q < 4; q++) acc[r][q] = _mm512_setzero_ps();
+    const unsigned int csr = daz_ftz_on();
     for (int c0 = 0; c0 < np; c0 += LLE_ROWS_CHUNK) {
         const int len = np - c0 < LLE_ROWS_CHUNK ? np - c0 : LLE_ROWS_CHUNK;
-        for (int i = 0; i < len; i += 16) {
-            _mm512_store_ps(wf[0] + i, LD16B(x0 + c0 + i));
-            _mm512_store_ps(wf[1] + i, LD16B(x1 + c0 + i));
+        for (int i = 0; i < len; i += 32) {
+            const __m512i v0 = _mm512_loadu_si512((const void *)(x0 + c0 + i)), v1 = _mm512_loadu_si512((const void *)(x1 + c0 + i));
+            _mm512_store_ps(wf[0] + i, bf16_odd(v0));
+            _mm512_store_ps(wf[0] + i + 16, bf16_even(v0));
+            _mm512_store_ps(wf[1] + i, bf16_odd(v1));
+            _mm512_store_ps(wf[1] + i + 16, bf16_even(v1));
         }
         for (int r = 0; r < n; r++) {
             const uint16_t *y = (const uint16_t *)((const uint8_t *)av + (size_t)r * as) + c0;
             __m512 a0 = acc[r][0], a1 = acc[r][1], b0 = acc[r][2], b1 = acc[r][3];
-            for (int i = 0; i < len; i += 32) {
-                __m512 yv = LD16B(y + i);
-                a0 = _mm512_fmadd_ps(_mm512_load_ps(wf[0] + i), yv, a0);
-                b0 = _mm512_fmadd_ps(_mm512_load_ps(wf[1] + i), yv, b0);
-                yv = LD16B(y + i + 16);
-                a1 = _mm512_fmadd_ps(_mm512_load_ps(wf[0] + i + 16), yv, a1);
-                b1 = _mm512_fmadd_ps(_mm512_load_ps(wf[1] + i + 16), yv, b1);
+            for (int i = 0; i < len; i += 64) {
+                __m512i yv = _mm512_loadu_si512((const void *)(y + i));
+                __m512 yo = bf16_odd(yv), ye = bf16_even(yv);
+                a0 = _mm512_fmadd_ps(_mm512_load_ps(wf[0] + i + 16), ye, _mm512_fmadd_ps(_mm512_load_ps(wf[0] + i), yo, a0));
+                b0 = _mm512_fmadd_ps(_mm512_load_ps(wf[1] + i + 16), ye, _mm512_fmadd_ps(_mm512_load_ps(wf[1] + i), yo, b0));
+                yv = _mm512_loadu_si512((const void *)(y + i + 32));
+                yo = bf16_odd(yv);
+                ye = bf16_even(yv);
+                a1 = _mm512_fmadd_ps(_mm512_load_ps(wf[0] + i + 48), ye, _mm512_fmadd_ps(_mm512_load_ps(wf[0] + i + 32), yo, a1));
+                b1 = _mm512_fmadd_ps(_mm512_load_ps(wf[1] + i + 48), ye, _mm512_fmadd_ps(_mm512_load_ps(wf[1] + i + 32), yo, b1));
             }
             acc[r][0] = a0; acc[r][1] = a1; acc[r][2] = b0; acc[r][3] = b1;
         }
     }
+    _mm_setcsr(csr);
     for (int r = 0; r < n; r++) {
         const uint16_t *y = (const uint16_t *)((const uint8_t *)av + (size_t)r * as);
         out[(size_t)r * ldo] = finish_bf16(acc[r][0], acc[r][1], x0, y, np, k);
@@ -1015,38 +1058,127 @@ LLE_INLINE void rows_bf16(int k, const void *w, size_t ws, int nr, const void *a
 
 LLE_ROWS_DISPATCH(bf16)
 
-/* the vec_dot_batch order (k % 8 == 0): out[r * ldo + j] for r < nr activation rows, j < nc weight
- * rows, weight rows in pairs; an odd last row goes to the AVX2 kernel of the same order */
-#define TILE_BATCH(NAME, T, CVT, TYPE)                                                                        \
-    static void tile_batch_##NAME(int k, const void *w, size_t ws, int nc, const void *av, size_t as,     \
-                                  const float *sc, int nr, float *out, size_t ldo) {                      \
-        (void)sc;                                                                                         \
-        int j = 0;                                                                                        \
-        for (; j + 2 <= nc; j += 2) {                                                                     \
-            const T *x0 = (const T *)((const uint8_t *)w + (size_t)j * ws);                               \
-            const T *x1 = (const T *)((const uint8_t *)x0 + ws);                                          \
-            __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()}; \
-            for (int l = 0; l < k; l += 8) {                                                              \
-                const __m512 wv = CVT(PAIR16(x0 + l, x1 + l));                                            \
-                for (int r = 0; r < nr; r++) {                                                            \
-                    const T *y = (const T *)((const uint8_t *)av + (size_t)r * as) + l;                   \
-                    acc[r] = _mm512_fmadd_ps(wv, CVT(PAIR16(y, y)), acc[r]);                              \
-                }                                                                                         \
-            }                                                                                             \
-            for (int r = 0; r < nr; r++) {                                                                \
-                out[(size_t)r * ldo + j] = hsum_float_8(_mm512_castps512_ps256(acc[r]));                 \
-                out[(size_t)r * ldo + j + 1] = hsum_float_8(hi256_ps(acc[r]));                            \
-            }                                                                                             \
-        }                                                                                                 \
-        if (j < nc) {                                                                                     \
-            const lle_vec_dot_fn vd = lle_kernels_avx2[TYPE].vec_dot_batch;                               \
-            for (int r = 0; r < nr; r++)                                                                  \
-                vd(k, out + (size_t)r * ldo + j, (const uint8_t *)w + (size_t)j * ws, (const uint8_t *)av + (size_t)r * as); \
-        }                                                                                                 \
+/* tinyBLAS's order, one output: vec_dot_batch */
+static void vec_dot_f32_tb(int n, float *LLE_RESTRICT s, const void *LLE_RESTRICT vx, const void *LLE_RESTRICT vy) {
+    const float *x = vx, *y = vy;
+    __m512 c = _mm512_setzero_ps();
+    for (int l = 0; l < n; l += 16) c = _mm512_fmadd_ps(_mm512_loadu_ps(x + l), _mm512_loadu_ps(y + l), c);
+    *s = reduce512(c);
+}
+
+static void vec_dot_f16_tb(int n, float *LLE_RESTRICT s, const void *LLE_RESTRICT vx, const void *LLE_RESTRICT vy) {
+    const lle_half *x = vx, *y = vy;
+    __m512 c = _mm512_setzero_ps();
+    for (int l = 0; l < n; l += 16) c = _mm512_fmadd_ps(LD16H(x + l), LD16H(y + l), c);
+    *s = reduce512(c);
+}
+
+static void vec_dot_bf16_tb(int n, float *LLE_RESTRICT s, const void *LLE_RESTRICT vx, const void *LLE_RESTRICT vy) {
+    const uint16_t *x = vx, *y = vy;
+    __m512 c = _mm512_setzero_ps();
+    const unsigned int csr = daz_ftz_on();
+    for (int l = 0; l < n; l += 32) c = dpbf16(c, x + l, y + l);
+    _mm_setcsr(csr);
+    *s = reduce512(c);
+}
+
+/* tinyBLAS's order for nr (<= 4) activation rows and nw (<= 4) weight rows at once: out[r * ldo + j].
+ * LOAD(T pointer) gives 16 floats; bf16 (STEP 32) splits each 32 values into odd and even floats */
+#define TB_BLOCK(NAME, T, STEP)                                                                               \
+    LLE_INLINE void tb_block_##NAME(int k, const uint8_t *w, size_t ws, const uint8_t *av, size_t as, const int nr, \
+                                    const int nw, float *out, size_t ldo) {                                   \
+        __m512 acc[4][4];                                                                                     \
+        for (int r = 0; r < nr; r++)                                                                          \
+            for (int j = 0; j < nw; j++) acc[r][j] = _mm512_setzero_ps();                                     \
+        for (int l = 0; l < k; l += STEP) {                                                                   \
+            TB_WEIGHTS_##NAME                                                                                 \
+            for (int r = 0; r < nr; r++) {                                                                    \
+                const T *y = (const T *)(av + (size_t)r * as) + l;                                            \
+                TB_MADD_##NAME                                                                                \
+            }                                                                                                 \
+        }                                                                                                     \
+        for (int r = 0; r < nr; r++)                                                                          \
+            for (int j = 0; j < nw; j++) out[(size_t)r * ldo + j] = reduce512(acc[r][j]);                     \
     }
 
-TILE_BATCH(f16, lle_half, CVT16H, T_F16)
-TILE_BATCH(bf16, uint16_t, CVT16B, T_BF16)
+#define TB_WEIGHTS_f32 __m512 wv[4]; for (int j = 0; j < nw; j++) wv[j] = _mm512_loadu_ps((const float *)(w + (size_t)j * ws) + l);
+#define TB_MADD_f32 const __m512 yv = _mm512_loadu_ps(y); for (int j = 0; j < nw; j++) acc[r][j] = _mm512_fmadd_ps(wv[j], yv, acc[r][j]);
+#define TB_WEIGHTS_f16 __m512 wv[4]; for (int j = 0; j < nw; j++) wv[j] = LD16H((const lle_half *)(w + (size_t)j * ws) + l);
+#define TB_MADD_f16 const __m512 yv = LD16H(y); for (int j = 0; j < nw; j++) acc[r][j] = _mm512_fmadd_ps(wv[j], yv, acc[r][j]);
+#define TB_WEIGHTS_bf16                                                                                       \
+    __m512 wo[4], we[4];                                                                                      \
+    for (int j = 0; j < nw; j++) {                                                                            \
+        const __m512i v = _mm512_loadu_si512((const void *)((const uint16_t *)(w + (size_t)j * ws) + l));     \
+        wo[j] = bf16_odd(v);                                                                                  \
+        we[j] = bf16_even(v);                                                                                 \
+    }
+#define TB_MADD_bf16                                                                                          \
+    const __m512i yi = _mm512_loadu_si512((const void *)y);                                                   \
+    const __m512 yo = bf16_odd(yi), ye = bf16_even(yi);                                                       \
+    for (int j = 0; j < nw; j++) acc[r][j] = _mm512_fmadd_ps(we[j], ye, _mm512_fmadd_ps(wo[j], yo, acc[r][j]));
+
+TB_BLOCK(f32, float, 16)
+TB_BLOCK(f16, lle_half, 16)
+TB_BLOCK(bf16, uint16_t, 32)
+
+/* tile_batch: weight rows four at a time (then one by one), each block with constant row counts so
+ * that the accumulators stay in registers */
+#define TILE_BATCH(NAME, CSR)                                                                                 \
+    LLE_INLINE void tile_batch_##NAME##_nr(int k, const uint8_t *w, size_t ws, int nc, const uint8_t *av, size_t as, \
+                                           const int nr, float *out, size_t ldo) {                            \
+        int j = 0;                                                                                            \
+        for (; j + 4 <= nc; j += 4) tb_block_##NAME(k, w + (size_t)j * ws, ws, av, as, nr, 4, out + j, ldo);  \
+        for (; j < nc; j++) tb_block_##NAME(k, w + (size_t)j * ws, ws, av, as, nr, 1, out + j, ldo);          \
+    }                                                                                                         \
+    static void tile_batch_##NAME(int k, const void *w, size_t ws, int nc, const void *av, size_t as,         \
+                                  const float *sc, int nr, float *out, size_t ldo) {                          \
+        (void)sc;                                                                                             \
+        const unsigned int csr = CSR ? daz_ftz_on() : 0;                                                     \
+        switch (nr) {                                                                                         \
+        case 1: tile_batch_##NAME##_nr(k, w, ws, nc, av, as, 1, out, ldo); break;                             \
+        case 2: tile_batch_##NAME##_nr(k, w, ws, nc, av, as, 2, out, ldo); break;                             \
+        case 3: tile_batch_##NAME##_nr(k, w, ws, nc, av, as, 3, out, ldo); break;                             \
+        default: tile_batch_##NAME##_nr(k, w, ws, nc, av, as, 4, out, ldo); break;                            \
+        }                                                                                                     \
+        if (CSR) _mm_setcsr(csr);                                                                             \
+    }
+
+TILE_BATCH(f32, 0)
+TILE_BATCH(f16, 0)
+TILE_BATCH(bf16, 1)
+
+/* IQ4_NL, one row: the AVX2 kernel (ggml's AVX2 code, which its AVX-512 build also runs), except
+ * that the AVX-512 build fuses the odd last block's `sumf += d * sumi` into one FMA */
+static void vec_dot_iq4_nl(int n, float *LLE_RESTRICT s, const void *LLE_RESTRICT vx, const void *LLE_RESTRICT vy) {
+    const block_iq4_nl *x = vx;
+    const block_q8_0 *y = vy;
+    const int nb = n / QK;
+    const __m128i values128 = _mm_loadu_si128((const __m128i *)lle_kvalues_iq4nl);
+    const __m128i m4b = _mm_set1_epi8(0x0f);
+    __m256 accum1 = _mm256_setzero_ps(), accum2 = _mm256_setzero_ps();
+    int ib = 0;
+    for (; ib + 1 < nb; ib += 2) {
+        const __m128i q4bits_1 = _mm_loadu_si128((const __m128i *)x[ib + 0].qs);
+        const __m128i q4bits_2 = _mm_loadu_si128((const __m128i *)x[ib + 1].qs);
+        const __m256i q4b_1 = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_shuffle_epi8(values128, _mm_and_si128(q4bits_1, m4b))),
+                                                      _mm_shuffle_epi8(values128, _mm_and_si128(_mm_srli_epi16(q4bits_1, 4), m4b)), 1);
+        const __m256i q4b_2 = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_shuffle_epi8(values128, _mm_and_si128(q4bits_2, m4b))),
+                                                      _mm_shuffle_epi8(values128, _mm_and_si128(_mm_srli_epi16(q4bits_2, 4), m4b)), 1);
+        const __m256 p_1 = dot_i8_float(q4b_1, _mm256_loadu_si256((const __m256i *)y[ib + 0].qs));
+        const __m256 p_2 = dot_i8_float(q4b_2, _mm256_loadu_si256((const __m256i *)y[ib + 1].qs));
+        accum1 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(y[ib + 0].d) * h2f(x[ib + 0].d)), p_1, accum1);
+        accum2 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(y[ib + 1].d) * h2f(x[ib + 1].d)), p_2, accum2);
+    }
+    float sumf = hsum_float_8(_mm256_add_ps(accum1, accum2));
+    for (; ib < nb; ++ib) {
+        const float d = h2f(y[ib].d) * h2f(x[ib].d);
+        int sumi = 0;
+        for (int j = 0; j < QK / 2; ++j)
+            sumi += y[ib].qs[j] * lle_kvalues_iq4nl[x[ib].qs[j] & 0xf] + y[ib].qs[j + QK / 2] * lle_kvalues_iq4nl[x[ib].qs[j] >> 4];
+        sumf = fmaf(d, (float)sumi, sumf);
+    }
+    *s = sumf;
+}
 
 /* ---------------------------------------------------------------- several rows (batched decode) */
 /* The AVX2 rows kernels (gemv_rows_avx2.inc) with two activation rows per 512-bit register: row 2p
@@ -1195,8 +1327,12 @@ void LLE_AVX512_REGISTER(void) {
     k.packed_layout = LLE_PK_INTERLEAVED; k.packed_prep = prep_q4_1; k.packed_prep_bytes = 8; t[T_Q4_1] = k;
     k = from_avx2(T_Q4_K); k.vec_dot_r8 = vec_dot_q4_K_r8; k.packed = packed_q4_K; t[T_Q4_K] = k;
     k = from_avx2(T_Q6_K); k.vec_dot = vec_dot_q6_K; k.tile_tiled = tile_q6_K_tiled; k.packed = packed_q6_K; t[T_Q6_K] = k;
-    k = from_avx2(T_F16); k.vec_dot = vec_dot_f16; k.tile_batch = tile_batch_f16; t[T_F16] = k;
-    k = from_avx2(T_BF16); k.vec_dot = vec_dot_bf16; k.gemv_rows = gemv_rows_bf16; k.tile_batch = tile_batch_bf16; t[T_BF16] = k;
+    /* the float types and IQ4_NL: ggml's AVX-512 build's orders, which differ from its AVX2 build's */
+    k = from_avx2(T_F32); k.vec_dot = vec_dot_f32; k.vec_dot_batch = vec_dot_f32_tb; k.tile_batch = tile_batch_f32; k.batch_k = 16; t[T_F32] = k;
+    k = from_avx2(T_F16); k.vec_dot = vec_dot_f16; k.vec_dot_batch = vec_dot_f16_tb; k.tile_batch = tile_batch_f16; k.batch_k = 16; t[T_F16] = k;
+    k = from_avx2(T_BF16); k.vec_dot = vec_dot_bf16; k.gemv_rows = gemv_rows_bf16; k.vec_dot_batch = vec_dot_bf16_tb;
+    k.tile_batch = tile_batch_bf16; k.batch_k = 32; t[T_BF16] = k;
+    k = from_avx2(T_IQ4_NL); k.vec_dot = vec_dot_iq4_nl; t[T_IQ4_NL] = k;
     k = from_avx2(T_Q5_1); k.vec_dot = vec_dot_q5_1; k.gemv = gemv_q5_1; k.tile = tile_q5_1; k.tile_rows = 8; t[T_Q5_1] = k;
 }
 

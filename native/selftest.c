@@ -129,9 +129,173 @@ static void test_types(int isa) {
     free(x); free(out); free(w); free(qa); free(qb);
 }
 
+#if defined(LLE_X86)
+#include <immintrin.h>
+/* ggml's AVX-512 build's orders where they differ from its AVX2 build's (F32, F16, BF16 products;
+ * IQ4_NL's decode), in portable scalar C: the avx512 tier must equal these bit for bit (the SIMDe
+ * build checks its source on CPUs without AVX-512 this way), the avx2 tier keeps the AVX2 build's.
+ * See the float products section of quants_avx512.c for the orders. */
+static float ref_val(int t, const void *p, int i) {
+    if (t == T_F32) return ((const float *)p)[i];
+    if (t == T_F16) return lle_fp16_to_fp32(((const lle_half *)p)[i]);
+    return lle_bf16_to_fp32(((const uint16_t *)p)[i]);
+}
+
+/* _mm512_reduce_add_ps: lanes i + (i + 8), (i + 4), then (0 + 2) + (1 + 3) */
+static float ref_reduce16(const float *v) {
+    float t[8], u[4];
+    for (int i = 0; i < 8; i++) t[i] = v[i] + v[i + 8];
+    for (int i = 0; i < 4; i++) u[i] = t[i] + t[i + 4];
+    return (u[0] + u[2]) + (u[1] + u[3]);
+}
+
+/* vdpbf16ps on lane l of the 32 bf16 at x, y: the odd pair member first, DAZ and FTZ (MXCSR set by the caller) */
+static float ref_dpbf16_lane(float acc, const uint16_t *x, const uint16_t *y, int l) {
+    acc = fmaf(lle_bf16_to_fp32(x[2 * l + 1]), lle_bf16_to_fp32(y[2 * l + 1]), acc);
+    return fmaf(lle_bf16_to_fp32(x[2 * l]), lle_bf16_to_fp32(y[2 * l]), acc);
+}
+
+/* ggml_vec_dot_f32 / _f16 / _bf16 (AVX-512) and ggml_vec_dot_iq4_nl_q8_0 as that build compiles it */
+static float ref512_dot(int t, int k, const void *w, const void *a) {
+    if (t == T_IQ4_NL) {
+        const block_iq4_nl *x = w;
+        const block_q8_0 *y = a;
+        const int nb = k / QK;
+        float acc[2][8] = {{0}};
+        int ib = 0;
+        for (; ib + 1 < nb; ib += 2)
+            for (int h = 0; h < 2; h++) {
+                const float d = lle_fp16_to_fp32(y[ib + h].d) * lle_fp16_to_fp32(x[ib + h].d);
+                for (int l = 0; l < 8; l++) {  /* lane l: values 4l..4l+3 (0..15 low nibbles, 16..31 high) */
+                    int s = 0;
+                    for (int e = 4 * l; e < 4 * l + 4; e++) {
+                        const uint8_t q = x[ib + h].qs[e % 16];
+                        s += y[ib + h].qs[e] * lle_kvalues_iq4nl[e < 16 ? q & 15 : q >> 4];
+                    }
+                    acc[h][l] = fmaf(d, (float)s, acc[h][l]);
+                }
+            }
+        float v[8];
+        for (int l = 0; l < 8; l++) v[l] = acc[0][l] + acc[1][l];
+        float sumf = ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
+        for (; ib < nb; ib++) {
+            int s = 0;
+            for (int j = 0; j < QK / 2; j++)
+                s += y[ib].qs[j] * lle_kvalues_iq4nl[x[ib].qs[j] & 15] + y[ib].qs[j + QK / 2] * lle_kvalues_iq4nl[x[ib].qs[j] >> 4];
+            sumf = fmaf(lle_fp16_to_fp32(y[ib].d) * lle_fp16_to_fp32(x[ib].d), (float)s, sumf);  /* fused there */
+        }
+        return sumf;
+    }
+    const int np = k & ~63;
+    if (t == T_BF16) {
+        float c[2][16] = {{0}};
+        const unsigned int csr = _mm_getcsr();
+        _mm_setcsr(csr | 0x8040u);
+        for (int i = 0; i < np; i += 64)
+            for (int h = 0; h < 2; h++)
+                for (int l = 0; l < 16; l++)
+                    c[h][l] = ref_dpbf16_lane(c[h][l], (const uint16_t *)w + i + 32 * h, (const uint16_t *)a + i + 32 * h, l);
+        _mm_setcsr(csr);
+        double sumf = ref_reduce16(c[0]);
+        sumf += ref_reduce16(c[1]);
+        for (int i = np; i < k; i++) sumf += (double)(ref_val(t, w, i) * ref_val(t, a, i));
+        return (float)sumf;
+    }
+    float acc[4][16] = {{0}}, v[16];
+    for (int i = 0; i < np; i += 64)
+        for (int j = 0; j < 4; j++)
+            for (int l = 0; l < 16; l++) acc[j][l] = fmaf(ref_val(t, w, i + 16 * j + l), ref_val(t, a, i + 16 * j + l), acc[j][l]);
+    for (int l = 0; l < 16; l++) v[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+    if (t == T_F32) {
+        float sumf = ref_reduce16(v);
+        for (int i = np; i < k; i++) sumf += ref_val(t, w, i) * ref_val(t, a, i);  /* not fused there */
+        return sumf;
+    }
+    double sumf = ref_reduce16(v);
+    for (int i = np; i < k; i++) sumf += (double)(ref_val(t, w, i) * ref_val(t, a, i));
+    return (float)sumf;
+}
+
+/* llamafile's tinyBLAS<16, __m512> (<32, __m512bh> for bf16): one 16-lane accumulator */
+static float ref512_dot_tb(int t, int k, const void *w, const void *a) {
+    float c[16] = {0};
+    if (t == T_BF16) {
+        const unsigned int csr = _mm_getcsr();
+        _mm_setcsr(csr | 0x8040u);
+        for (int l = 0; l < k; l += 32)
+            for (int e = 0; e < 16; e++) c[e] = ref_dpbf16_lane(c[e], (const uint16_t *)w + l, (const uint16_t *)a + l, e);
+        _mm_setcsr(csr);
+    } else {
+        for (int l = 0; l < k; l += 16)
+            for (int e = 0; e < 16; e++) c[e] = fmaf(ref_val(t, w, l + e), ref_val(t, a, l + e), c[e]);
+    }
+    return ref_reduce16(c);
+}
+
+/* ref_dpbf16_lane (and the avx512 tier's two FMAs under DAZ/FTZ) against the vdpbf16ps instruction
+ * itself, on a CPU that has it: random pairs of every magnitude, denormal inputs, products and sums
+ * included. Returns the number of lanes compared (0: no AVX512_BF16 here). */
+#if !defined(LLE_SELFTEST_SIMDE) && (defined(__clang__) || __GNUC__ >= 10)
+__attribute__((target("avx512f,avx512bf16"))) static void hw_dpbf16(float *acc, const uint16_t *x, const uint16_t *y) {
+    __m512 c = _mm512_loadu_ps(acc);
+    c = _mm512_dpbf16_ps(c, (__m512bh)_mm512_loadu_si512((const void *)x), (__m512bh)_mm512_loadu_si512((const void *)y));
+    _mm512_storeu_ps(acc, c);
+}
+static int test_dpbf16_emulation(void) {
+    if (!__builtin_cpu_supports("avx512bf16")) return 0;
+    static const float scale[] = {1.0f, 1e-19f, 1e-20f, 3e-39f};
+    int n = 0;
+    for (int it = 0; it < 20000; it++) {
+        uint16_t x[32], y[32];
+        float hw[16], em[16];
+        for (int i = 0; i < 32; i++) {
+            x[i] = lle_fp32_to_bf16(rndf() * scale[rnd() % 4] * 4.0f);
+            y[i] = lle_fp32_to_bf16(rndf() * scale[rnd() % 4]);
+            if (rnd() % 16 == 0) x[i] = (uint16_t)(rnd() & 0x807F);  /* a denormal bf16 */
+        }
+        for (int l = 0; l < 16; l++) hw[l] = rndf() * scale[rnd() % 4] * 1e-18f;
+        memcpy(em, hw, sizeof(hw));
+        hw_dpbf16(hw, x, y);
+        const unsigned int csr = _mm_getcsr();
+        _mm_setcsr(csr | 0x8040u);
+        for (int l = 0; l < 16; l++) em[l] = ref_dpbf16_lane(em[l], x, y, l);
+        _mm_setcsr(csr);
+        for (int l = 0; l < 16; l++, n++)
+            CHECK(memcmp(&hw[l], &em[l], 4) == 0, "vdpbf16ps lane %d: %.9g, emulated %.9g", l, hw[l], em[l]);
+    }
+    return n;
+}
+#else
+static int test_dpbf16_emulation(void) { return 0; }
+#endif
+
+/* lle_matmul's products as ggml's AVX-512 build computes them, into out[i * m + j]; 0 (nothing
+ * written) where that build computes as its AVX2 build (other types, IQ4_NL with several rows) */
+static int ref512_matmul(int t, const uint8_t *w, long long rs, int m, int k, const float *x, int n, float *out) {
+    const int plain = t == T_F32 || t == T_F16 || t == T_BF16;
+    if (!plain && (t != T_IQ4_NL || n > 1)) return 0;
+    const int vt = lle_vec_type(t);
+    const long long vs = lle_row_size(vt, k);
+    uint8_t *qa = malloc((size_t)(vs * n));
+    lle_quantize_act(vt, x, n, k, qa);
+    const int tb = plain && n >= 2 && m % 4 == 0 && k % (t == T_BF16 ? 32 : 16) == 0;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < m; j++)
+            out[i * m + j] = (tb ? ref512_dot_tb : ref512_dot)(t, k, w + j * rs, qa + i * vs);
+    free(qa);
+    return 1;
+}
+#else
+static int ref512_matmul(int t, const uint8_t *w, long long rs, int m, int k, const float *x, int n, float *out) {
+    (void)t; (void)w; (void)rs; (void)m; (void)k; (void)x; (void)n; (void)out;
+    return 0;
+}
+#endif
+
 /* an ISA whose kernels promise the summation order of another (AVX-512 of AVX2): the products, on
  * the decode and every prefill path (tiles, repacked and tiled K-quant orders, m % 8 == 0 or not,
- * chunked activations), must be equal bit for bit */
+ * chunked activations), must be equal bit for bit; for the AVX-512 tier, where ggml's AVX-512 build
+ * sums otherwise (ref512_matmul), equal to that order instead */
 static void test_bitexact(int isa, int ref_isa) {
     static const int types[] = {T_F32, T_F16, T_BF16, T_Q4_0, T_Q4_1, T_Q5_0, T_Q5_1, T_Q8_0, T_Q2_K,
                                 T_Q3_K, T_Q4_K, T_Q5_K, T_Q6_K, T_IQ4_NL, T_IQ4_XS};
@@ -152,9 +316,11 @@ static void test_bitexact(int isa, int ref_isa) {
                 const int k = ki < 2 ? ks[ki] : ks_float[ki - 2];
                 const long long rs = lle_row_size(t, k), vs = lle_row_size(vt, k);
                 random_weights(t, m, k, w);
+                const int own = isa == ISA_AVX512;  /* the AVX-512 build's order where it has its own */
                 lle_set_isa(ref_isa);
                 lle_quantize_act(vt, x, 1, k, qa);
                 lle_vec_dot(t, k, w, qa, oa);
+                if (own) ref512_matmul(t, w, rs, 1, k, x, 1, oa);
                 lle_set_isa(isa);
                 lle_quantize_act(vt, x, 1, k, qb);
                 lle_vec_dot(t, k, w, qb, ob);
@@ -165,6 +331,7 @@ static void test_bitexact(int isa, int ref_isa) {
                     const int n = ns[ni];
                     lle_set_isa(ref_isa);
                     lle_matmul(t, w, rs, m, k, x, n, oa, m);
+                    if (own) ref512_matmul(t, w, rs, m, k, x, n, oa);
                     lle_set_isa(isa);
                     lle_matmul(t, w, rs, m, k, x, n, ob, m);
                     for (int i = 0; i < n * m; i++)
@@ -176,6 +343,7 @@ static void test_bitexact(int isa, int ref_isa) {
                     for (int i = 0; i < n; i++) {
                         lle_set_isa(ref_isa);
                         lle_matmul(t, w, rs, m, k, x + i * k, 1, oa + i * m, m);
+                        if (own) ref512_matmul(t, w, rs, m, k, x + i * k, 1, oa + i * m);
                     }
                     lle_set_isa(isa);
                     lle_matmul_rows(t, w, rs, m, k, x, n, ob, m);
@@ -544,7 +712,11 @@ int main(void) {
     if (!use_simde_avx512()) failures++;
 #endif
     if (lle_isa_available(ISA_AVX512) && lle_isa_available(ISA_AVX2)) {
-        printf("testing avx512's products against avx2's, bit for bit\n");
+        printf("testing avx512's products against avx2's, bit for bit (float products, IQ4_NL decode: against ggml's AVX-512 order)\n");
+#if defined(LLE_X86)
+        const int lanes = test_dpbf16_emulation();
+        if (lanes) printf("  vdpbf16ps: %d lanes equal to its emulation\n", lanes);
+#endif
         test_bitexact(ISA_AVX512, ISA_AVX2);
         test_packed(ISA_AVX512, ISA_AVX2);
     }

@@ -700,7 +700,24 @@ def test_real_gemma3_tensors(be: NativeBackend, isa: str, gemma3_path) -> None:
 
 # ----------------------------------------------------------------------------- llama.cpp's own outputs
 
-GGML_FIXTURE = Path(__file__).parent / "fixtures" / "native_ggml_ops.json"
+GGML_FIXTURE = Path(__file__).parent / "fixtures" / "native_ggml_ops.json"  # ggml's AVX2 build
+GGML_FIXTURE_AVX512 = Path(__file__).parent / "fixtures" / "native_ggml_ops_avx512.json"  # its AVX-512 build
+
+def ggml_case_key(case: dict) -> str:
+    """The op of a fixture case: "mul_mat:F32", "glu:silu", "rope"."""
+    sub = case.get("type", case.get("kind"))
+    return f"{case['op']}:{sub}" if sub else case["op"]
+
+
+def fixture_cases_for(isa: str) -> list[tuple[dict, str]]:
+    """(case, fixture name) the tier must reproduce: avx512 the AVX-512 build's outputs (what
+    llama.cpp and Ollama compute on an AVX-512 CPU), every other tier the AVX2 build's."""
+    avx2 = json.loads(GGML_FIXTURE.read_text(encoding="utf-8"))["cases"]
+    if isa != "avx512":
+        return [(c, GGML_FIXTURE.name) for c in avx2]
+    avx512 = json.loads(GGML_FIXTURE_AVX512.read_text(encoding="utf-8"))["cases"]
+    assert [ggml_case_key(c) for c in avx512] == [ggml_case_key(c) for c in avx2]
+    return [(c, GGML_FIXTURE_AVX512.name) for c in avx512]
 
 
 def dec(d: dict) -> np.ndarray:
@@ -735,26 +752,28 @@ def run_ggml_case(be: NativeBackend, case: dict) -> np.ndarray:
 
 def test_ops_reproduce_llamacpp_outputs(be: NativeBackend, isa: str) -> None:
     """On x86 SIMD the kernels reproduce llama.cpp's CPU ops bit for bit (same activation rounding,
-    same reduction orders, same contracted multiply-adds); the scalar kernels stay within float
-    rounding of them."""
+    same reduction orders, same contracted multiply-adds), each tier those of ggml built for it (avx2:
+    its AVX2 build, avx512: its AVX-512 build); the scalar kernels stay within float rounding."""
     from llmedge._native import lib
 
-    doc = json.loads(GGML_FIXTURE.read_text(encoding="utf-8"))
     bitwise = isa in ("avx2", "avx512") and platform.machine().lower() in ("x86_64", "amd64")
     prev = lib.lle_act_rounding_mode()
     lib.lle_set_act_rounding(1)  # the fixture was made by ggml's x86 quantizers
+    differ = []
     try:
-        for case in doc["cases"]:
+        for case, fixture in fixture_cases_for(isa):
             ref = dec(case["out"])
             out = run_ggml_case(be, case)
-            what = f"{case['op']} {case.get('type', case.get('kind', ''))} shape {ref.shape}"
+            what = f"{case['op']} {case.get('type', case.get('kind', ''))} shape {ref.shape} ({fixture})"
             if bitwise:
-                assert np.array_equal(out.view(np.uint8), ref.view(np.uint8)), what
+                if not np.array_equal(out.view(np.uint8), ref.view(np.uint8)):
+                    differ.append(f"{what}: {int(np.sum(out != ref))} values differ")
             else:
                 out, ref = out.astype(np.float32), ref.astype(np.float32)
                 np.testing.assert_allclose(out, ref, rtol=2e-3, atol=2e-3 * float(np.abs(ref).max()), err_msg=what)
     finally:
         lib.lle_set_act_rounding(prev)
+    assert not differ, "\n".join(differ)
 
 
 # ----------------------------------------------------------------------------- float ops
@@ -979,9 +998,11 @@ def test_c_selftest_simd_against_scalar(tmp_path: Path) -> None:
 def test_c_selftest_avx512_through_simde_equals_avx2_bitwise(tmp_path: Path) -> None:
     """The AVX-512 kernels and float ops compiled against SIMDe (native/selftest_simde.c,
     selftest_simde_ops.c), so that CPUs without AVX-512 check them too: every product (decode, prefill
-    tiles, row-exact rows kernels, odd float tails) equal to the AVX2 tier's bit for bit; the float ops
-    (which follow ggml's AVX-512 build, not AVX2's) against the scalar ones, and the attention's row,
-    grouped-head and wide paths against each other bit for bit."""
+    tiles, row-exact rows kernels, odd float tails) equal to the AVX2 tier's bit for bit, except where
+    ggml's AVX-512 build sums otherwise (F32, F16, BF16 products, IQ4_NL's decode): there equal to
+    selftest.c's scalar copy of that build's order; the float ops (which follow ggml's AVX-512 build)
+    against the scalar ones, and the attention's row, grouped-head and wide paths against each other
+    bit for bit. test_ops_reproduce_llamacpp_outputs holds them to that build's own outputs."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         skip_or_fail("the AVX-512 tier is compared with the AVX2 kernels, which need an x86 CPU")
     exe = tmp_path / "selftest_simde"
