@@ -284,8 +284,9 @@ def decoder_layers(be: Any, model: Any, x: np.ndarray, step: Any) -> bool:
 
     be._set_threads()
     n = x.shape[0]
-    if n <= TEAM_MAX_ROWS and not _team_failed:
-        return _run_team(be.n_threads, plan, x, pos, ffa, ff is not None, kv, res)
+    if n <= TEAM_MAX_ROWS and not _team_failed and _run_team(be.n_threads, plan, x, pos, ffa, ff is not None, kv, res):
+        return True
+    # (a failed team wrote nothing of x; the cache cells reserved above are written again, the same)
     _decoder_layers(x, pos, plan.ip, plan.fp, plan.wa, plan.wshape, plan.wt, plan.na, plan.nn, ffa, ff is not None,
                     kv[1], kv[2], kv[3], kv[4], res, _gelu_table())
     return True
@@ -297,25 +298,28 @@ _team_failed = False
 def _run_team(nth: int, plan: StackPlan, x: np.ndarray, pos: np.ndarray, ffa: np.ndarray, has_ff: bool,
               kv: Any, res: np.ndarray) -> bool:
     """The step's layers as one team region (team.py); False, and no team again in this process, when
-    a member never came (the caller then runs the step op by op)."""
+    a member was stuck (the caller then runs the step with a region per op, on the same reservations)."""
     global _team_failed
     from llmedge.backends.numba_cpu.backend import _gelu_table
-    from llmedge.backends.numba_cpu.team import SPIN_LIMIT, _team_layers
+    from llmedge.backends.numba_cpu.team import SPIN_LIMIT, _team_layers, sync_size
 
     n, d = x.shape
     ip = plan.ip
     nq, nk, nff = int((ip[:, 0] * ip[:, 2]).max()), int((ip[:, 1] * ip[:, 2]).max()), int(ip[:, 3].max())
-    sync = np.zeros(2, np.int64)
+    kmax = max(d, nq, nff)
+    sync = np.zeros(sync_size(plan.n_layer), np.int64)
     f = np.empty
-    _team_layers(nth, sync, 0, SPIN_LIMIT, x, pos, ip, plan.fp, plan.wa, plan.wshape, plan.wt, plan.na, plan.nn, ffa, has_ff,
+    _team_layers(nth, sync, SPIN_LIMIT, x, pos, ip, plan.fp, plan.wa, plan.wshape, plan.wt, plan.na, plan.nn, ffa, has_ff,
                  kv[1], kv[2], kv[3], kv[4], res, _gelu_table(), f(n * nq, np.float32), f(n * nk, np.float32),
                  f(n * nk, np.float32), f(n * nq, np.float32), f((n, d), np.float32), f(n * nff, np.float32),
-                 f(n * nff, np.float32))
+                 f(n * nff, np.float32), f((n, d), np.float32), f((n, d), np.float32), f(n * nq, np.float32),
+                 f(n * nff, np.float32), f((3, n * kmax), np.int8), f((3, n * max(kmax // 32, 1)), np.float32),
+                 f((3, n * max(kmax // 16, 1)), np.int32), f((3, n * max(kmax // 32, 1)), np.float32))
     if sync[1]:
         import warnings
 
         _team_failed = True
-        warnings.warn("numba: the decode team's threads did not all start; decoding with a region per op",
+        warnings.warn("numba: a decode team's task never finished; decoding with a region per op",
                       RuntimeWarning, stacklevel=2)
         return False
     return True
