@@ -143,6 +143,22 @@ def native_or_none():
     return NativeBackend(2)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def native_on_its_avx2_tier():
+    """The native backend on its AVX2 tier for this module's comparisons: numba follows ggml's AVX2
+    build, and native's AVX-512 tier follows ggml's AVX-512 build (other float ops). Restored after."""
+    native = native_or_none()
+    if native is None or "avx2" not in native.available_isas():
+        yield
+        return
+    before = native.isa
+    native.set_isa("avx2")
+    try:
+        yield
+    finally:
+        native.set_isa(before)
+
+
 # ----------------------------------------------------------------------------- weights and products
 
 
