@@ -554,8 +554,25 @@ LLE_INLINE float scores_blocked(const lle_attn_args *a, int64_t g, int qp, const
 /* o[e] = the sum of the L partial sums acc[l * ld + e] (e < d, ld >= d a multiple of 8) in
  * llama.cpp's order: the last step of every V sum (L = 8 or 32 on AVX2, 16 or 64 on AVX-512) */
 LLE_INLINE void v_sum_finish(const float *acc, int64_t ld, int64_t d, int L, float *o) {
+    int64_t e = 0;
+#if defined(LLE_OPS_512)
+    /* 16 values at a time (the same lane-wise additions as below) */
+    if (L == 16 || L == 64) {
+#define Z(l) _mm512_loadu_ps(acc + (l) * ld + e)
+        for (; e + 16 <= d; e += 16) {
+            __m512 y[16];
+            for (int m = 0; m < 16; m++)
+                y[m] = L == 16 ? Z(m) : _mm512_add_ps(_mm512_add_ps(Z(m), Z(32 + m)), _mm512_add_ps(Z(16 + m), Z(48 + m)));
+            __m512 t3[8];
+            for (int m = 0; m < 8; m++) t3[m] = _mm512_add_ps(y[m + 8], y[m]);
+            _mm512_storeu_ps(o + e, _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(t3[4], t3[0]), _mm512_add_ps(t3[6], t3[2])),
+                                                  _mm512_add_ps(_mm512_add_ps(t3[5], t3[1]), _mm512_add_ps(t3[7], t3[3]))));
+        }
+#undef Z
+    }
+#endif
 #define A(l) _mm256_loadu_ps(acc + (l) * ld + e)
-    for (int64_t e = 0; e < d; e += 8) {
+    for (; e < d; e += 8) {
         __m256 r;
         if (L == 16 || L == 64) {
             /* ggml's AVX-512 lanes: (for 64, the 4 accumulators first: (s0 + s2) + (s1 + s3)), then reduce512 */
