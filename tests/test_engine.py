@@ -134,7 +134,9 @@ def test_after_a_shift_logits_are_within_the_foundation_tolerances(fast_models, 
 @pytest.mark.parametrize("name", ["smollm2", "gemma3"])
 def test_logits_from_a_first_row_equal_those_rows_of_all_logits(fast_models, name: str) -> None:
     m = fast_models[name]
-    ids = text_ids(m, 0, 80)
+    # 79 ids: chunks of 16 leave no one-row chunk, which would be a one-row decode whose kernels sum in
+    # ggml's one-row orders (as a one-row ubatch does in llama.cpp), not the prompt rows' orders
+    ids = text_ids(m, 0, 78)
     whole = m.logits(ids)
     assert np.array_equal(m.logits(ids, first_row=37), whole[37:])
     n_batch = m.engine.n_batch
@@ -590,8 +592,8 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Model:
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    ({"n_ctx": "abc"}, "n_ctx must be an integer >= 0 (0: the model's training context), not 'abc'"),
-    ({"n_ctx": -5}, "n_ctx must be an integer >= 0 (0: the model's training context), not -5"),
+    ({"n_ctx": "abc"}, "n_ctx must be an integer >= 0"),
+    ({"n_ctx": -5}, "n_ctx must be an integer >= 0"),
     ({"n_ctx": 4096.0}, "n_ctx must be an integer >= 0"),
     ({"n_threads": -2}, "n_threads must be a positive integer, or None, 0 or -1 for the backend's default, not -2"),
     ({"n_threads": "4"}, "n_threads must be a positive integer, or None, 0 or -1"),
@@ -604,7 +606,7 @@ def test_bad_load_arguments_are_one_clear_value_error(tiny_model: Model, kwargs:
                  lambda: Model(tiny_model.path, backend="numpy", **kwargs)):
         with pytest.raises(ValueError) as err:
             make()
-        assert str(err.value).startswith(message)
+        assert str(err.value).startswith(message) and str(err.value).endswith(f"not {next(iter(kwargs.values()))!r}")
 
 
 def test_n_threads_minus_one_or_none_is_the_backends_default(tiny_model: Model) -> None:
