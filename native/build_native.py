@@ -30,7 +30,7 @@ SOURCES = [
     "layer.c",
     "packed.c",
 ]
-DEPENDS = ["common.h", "avx512_compat.h", "llmedge_api.h", "tiles_avx2.inc", "gemv_avx2.inc", "gemv_rows_avx2.inc", "korder_avx2.inc",
+DEPENDS = ["common.h", "avx512_compat.h", "ggml_avx512_orders.h", "llmedge_api.h", "tiles_avx2.inc", "gemv_avx2.inc", "gemv_rows_avx2.inc", "korder_avx2.inc",
            "packed_avx2.inc"]
 
 

@@ -16,6 +16,7 @@
 
 #if defined(LLE_OPS_512)
 #include "avx512_compat.h"
+#include "ggml_avx512_orders.h"
 #define LLE_OPS_TABLE LLE_OPS_512
 #else
 #if defined(__clang__)
@@ -122,15 +123,6 @@ LLE_INLINE float hsum8(__m256 x) {
     return _mm_cvtss_f32(res);
 }
 
-#if defined(LLE_OPS_512)
-/* _mm512_reduce_add_ps as GCC forms it (ggml's AVX-512 build, and tinyBLAS's hsum): the halves added,
- * then hsum8's order (quarters, then (0 + 2) + (1 + 3)); spelled out, since SIMDe adds in lane order */
-LLE_INLINE float reduce512(__m512 v) {
-    return hsum8(_mm256_add_ps(_mm512_castps512_ps256(v),
-                               _mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(v), 1))));
-}
-#endif
-
 /* the tier's ggml orders: K.Q rows per tinyBLAS step (prompts, head size a multiple of it) and per ggml
  * vec_dot step (decode, blocked when the head size is a multiple), softmax chunk, and V partial sums
  * (lanes) per output value for prompts (tinyBLAS) and decode (ggml) */
@@ -156,50 +148,11 @@ LLE_INLINE float reduce_ggml4(__m256 s0, __m256 s1, __m256 s2, __m256 s3) {
 }
 
 #if defined(LLE_OPS_512)
-/* ggml's AVX-512 orders: vec_dot with 4 accumulators of 16 lanes (element e in accumulator (e % 64) / 16,
- * lane e % 16), reduced as ((s0 + s2) + (s1 + s3)) then reduce512, the d % 64 rest added after as
- * doubles (f16) or floats (f32); tinyBLAS<16>: one 16-lane accumulator per output, reduce512 */
-#define LDH16(p) lle512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
-
-static float dot_f16_ggml(int n, const lle_half *x, const lle_half *y) {
-    const int np = n & ~63;
-    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps(), s2 = _mm512_setzero_ps(), s3 = _mm512_setzero_ps();
-    for (int i = 0; i < np; i += 64) {
-        s0 = _mm512_fmadd_ps(LDH16(x + i), LDH16(y + i), s0);
-        s1 = _mm512_fmadd_ps(LDH16(x + i + 16), LDH16(y + i + 16), s1);
-        s2 = _mm512_fmadd_ps(LDH16(x + i + 32), LDH16(y + i + 32), s2);
-        s3 = _mm512_fmadd_ps(LDH16(x + i + 48), LDH16(y + i + 48), s3);
-    }
-    double sumf = reduce512(_mm512_add_ps(_mm512_add_ps(s0, s2), _mm512_add_ps(s1, s3)));
-    for (int i = np; i < n; ++i) sumf += (double)(_cvtsh_ss(x[i]) * _cvtsh_ss(y[i]));
-    return (float)sumf;
-}
-
-static float dot_f32_ggml(int n, const float *x, const float *y) {
-    const int np = n & ~63;
-    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps(), s2 = _mm512_setzero_ps(), s3 = _mm512_setzero_ps();
-    for (int i = 0; i < np; i += 64) {
-        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i), s0);
-        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(y + i + 16), s1);
-        s2 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 32), _mm512_loadu_ps(y + i + 32), s2);
-        s3 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 48), _mm512_loadu_ps(y + i + 48), s3);
-    }
-    float sumf = reduce512(_mm512_add_ps(_mm512_add_ps(s0, s2), _mm512_add_ps(s1, s3)));
-    for (int i = np; i < n; ++i) sumf = fmaf(x[i], y[i], sumf);
-    return sumf;
-}
-
-static float dot_f16_tb(int n, const lle_half *x, const lle_half *y) {
-    __m512 c = _mm512_setzero_ps();
-    for (int l = 0; l < n; l += 16) c = _mm512_fmadd_ps(LDH16(x + l), LDH16(y + l), c);
-    return reduce512(c);
-}
-
-static float dot_f32_tb(int n, const float *x, const float *y) {
-    __m512 c = _mm512_setzero_ps();
-    for (int l = 0; l < n; l += 16) c = _mm512_fmadd_ps(_mm512_loadu_ps(x + l), _mm512_loadu_ps(y + l), c);
-    return reduce512(c);
-}
+/* ggml's AVX-512 orders (ggml_avx512_orders.h) */
+#define dot_f16_ggml lle512_dot_f16_ggml
+#define dot_f32_ggml lle512_dot_f32_ggml
+#define dot_f16_tb lle512_dot_f16_tb
+#define dot_f32_tb lle512_dot_f32_tb
 #else
 static float dot_f16_ggml(int n, const lle_half *x, const lle_half *y) {
     const int np = n & ~31;
@@ -252,7 +205,7 @@ static double softmax_exp(int n, float *y, const float *x, float max) {
     for (; i + 16 <= n; i += 16) {
         const __m512 val = v_expf512(_mm512_sub_ps(_mm512_loadu_ps(x + i), _mm512_set1_ps(max)));
         _mm512_storeu_ps(y + i, val);
-        sum += (double)reduce512(val);
+        sum += (double)lle512_reduce(val);
     }
 #else
     for (; i + 8 <= n; i += 8) {
@@ -311,7 +264,7 @@ LLE_INLINE __m256 hi256(__m512 v) { return _mm256_castsi256_ps(_mm512_extracti64
 
 #if defined(LLE_OPS_512)
 /* scores of cells j..j+7 for nh queries in tinyBLAS<16>'s order (d % 16 == 0) into s[h]: one 16-lane
- * accumulator per (cell, query), reduce512; cells in two halves of 4 (16 accumulators at most live),
+ * accumulator per (cell, query), lle512_reduce; cells in two halves of 4 (16 accumulators at most live),
  * each K slice loaded once for the nh queries (attn_group; kq8_tb is nh = 1) */
 LLE_INLINE void kq8_tb_group(const uint8_t *k0, size_t kst, const float *const *qv, int nh, int64_t d, int f16,
                              __m256 *s) {
@@ -342,7 +295,7 @@ LLE_INLINE __m256 kq8_tb(const uint8_t *k0, size_t kst, const float *qv, int64_t
 }
 
 /* the same in ggml's AVX-512 vec_dot order (d % 64 == 0): 4 accumulators of 16 lanes per (cell, query),
- * ((s0 + s2) + (s1 + s3)), then reduce512 */
+ * ((s0 + s2) + (s1 + s3)), then lle512_reduce */
 LLE_INLINE void kq8_ggml_group(const uint8_t *k0, size_t kst, const float *const *qv, int nh, int64_t d, int f16,
                                __m256 *s) {
     const size_t esz = f16 ? 2 : 4;
@@ -445,8 +398,8 @@ LLE_INLINE float kq_ggml_f16(const lle_half *kh, const float *qv, int64_t d) {
 #if defined(LLE_OPS_512)
     __m512 c[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
     for (int64_t l = 0; l < d; l += 64)
-        for (int r = 0; r < 4; r++) c[r] = _mm512_fmadd_ps(LDH16(kh + l + 16 * r), _mm512_loadu_ps(qv + l + 16 * r), c[r]);
-    return reduce512(_mm512_add_ps(_mm512_add_ps(c[0], c[2]), _mm512_add_ps(c[1], c[3])));
+        for (int r = 0; r < 4; r++) c[r] = _mm512_fmadd_ps(LLE512_LDH(kh + l + 16 * r), _mm512_loadu_ps(qv + l + 16 * r), c[r]);
+    return lle512_reduce(_mm512_add_ps(_mm512_add_ps(c[0], c[2]), _mm512_add_ps(c[1], c[3])));
 #else
     __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
     for (int64_t l = 0; l < d; l += 32) {
@@ -496,8 +449,8 @@ LLE_INLINE float score1(const uint8_t *kr, const float *qv, int64_t d, int tb, i
     if (!tb) return kq_ggml_f16(kh, qv, d);
 #if defined(LLE_OPS_512)
     __m512 c16 = _mm512_setzero_ps();
-    for (int64_t l = 0; l < d; l += 16) c16 = _mm512_fmadd_ps(LDH16(kh + l), _mm512_loadu_ps(qv + l), c16);
-    return reduce512(c16);
+    for (int64_t l = 0; l < d; l += 16) c16 = _mm512_fmadd_ps(LLE512_LDH(kh + l), _mm512_loadu_ps(qv + l), c16);
+    return lle512_reduce(c16);
 #else
     __m256 c = _mm256_setzero_ps();
     for (int64_t l = 0; l < d; l += 8) c = _mm256_fmadd_ps(LDH(kh + l), _mm256_loadu_ps(qv + l), c);
@@ -575,7 +528,7 @@ LLE_INLINE void v_sum_finish(const float *acc, int64_t ld, int64_t d, int L, flo
     for (; e < d; e += 8) {
         __m256 r;
         if (L == 16 || L == 64) {
-            /* ggml's AVX-512 lanes: (for 64, the 4 accumulators first: (s0 + s2) + (s1 + s3)), then reduce512 */
+            /* ggml's AVX-512 lanes: (for 64, the 4 accumulators first: (s0 + s2) + (s1 + s3)), then lle512_reduce */
             __m256 y[16];
             for (int m = 0; m < 16; m++)
                 y[m] = L == 16 ? A(m) : _mm256_add_ps(_mm256_add_ps(A(m), A(32 + m)), _mm256_add_ps(A(16 + m), A(48 + m)));
@@ -1060,7 +1013,7 @@ static void wide_scores(lle_attn_wide *p, int64_t b) {
     }
 }
 
-/* softmax_exp's exponentials of block b's 16-cell chunks in [c0, c1), each chunk's reduce512 kept for
+/* softmax_exp's exponentials of block b's 16-cell chunks in [c0, c1), each chunk's lle512_reduce kept for
  * the sum (csum[j / 16]; ops.c adds them as doubles in chunk order, as softmax_exp) */
 static void wide_exp(lle_attn_wide *p, int64_t b) {
     const int64_t lo = b * LLE_ATTN_WIDE_CELLS > p->c0 ? b * LLE_ATTN_WIDE_CELLS : p->c0;
@@ -1072,7 +1025,7 @@ static void wide_exp(lle_attn_wide *p, int64_t b) {
         for (int64_t j = lo; j < hi; j += 16) {
             const __m512 val = v_expf512(_mm512_sub_ps(_mm512_loadu_ps(w + j), vmax));
             _mm512_storeu_ps(w + j, val);
-            cs[j / 16] = reduce512(val);
+            cs[j / 16] = lle512_reduce(val);
         }
     }
 }

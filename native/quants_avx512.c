@@ -29,6 +29,7 @@
 #if defined(LLE_X86)
 
 #include "avx512_compat.h"
+#include "ggml_avx512_orders.h"
 #if defined(LLE_AVX512_SIMDE)
 #define LLE_AVX512_TABLE lle_kernels_avx512_simde
 #define LLE_AVX512_REGISTER lle_register_avx512_simde
@@ -920,16 +921,6 @@ static void tile_q6_K_tiled(int k, const void *w, size_t ws, int nc, const void 
  * loop: equal to the instruction bit for bit, denormals included, on every AVX-512 CPU (with or
  * without AVX512_BF16) and through SIMDe. */
 
-#define LD16H(p) lle512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
-
-/* _mm512_reduce_add_ps's tree: lanes i + (i + 8), then hsum_float_8's (i + 4), (i + 2), (i + 1) */
-LLE_INLINE float reduce512(__m512 v) { return hsum_float_8(_mm256_add_ps(_mm512_castps512_ps256(v), hi256_ps(v))); }
-
-/* (a0 + a2) + (a1 + a3), reduced: GGML_F32x16_REDUCE */
-LLE_INLINE float reduce_ggml16(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
-    return reduce512(_mm512_add_ps(_mm512_add_ps(a0, a2), _mm512_add_ps(a1, a3)));
-}
-
 /* MXCSR with DAZ and FTZ set (vdpbf16ps's denormal rules); returns the previous value to restore */
 LLE_INLINE unsigned int daz_ftz_on(void) {
     const unsigned int csr = _mm_getcsr();
@@ -949,39 +940,17 @@ LLE_INLINE __m512 dpbf16(__m512 acc, const uint16_t *x, const uint16_t *y) {
 }
 
 static void vec_dot_f32(int n, float *LLE_RESTRICT s, const void *LLE_RESTRICT vx, const void *LLE_RESTRICT vy) {
-    const float *x = vx, *y = vy;
-    const int np = n & ~63;
-    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
-    for (int i = 0; i < np; i += 64) {
-        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i), a0);
-        a1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(y + i + 16), a1);
-        a2 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 32), _mm512_loadu_ps(y + i + 32), a2);
-        a3 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 48), _mm512_loadu_ps(y + i + 48), a3);
-    }
-    float sumf = reduce_ggml16(a0, a1, a2, a3);
-    for (int i = np; i < n; i++) sumf += x[i] * y[i];  /* not fused (vec.cpp is C++, compiled without contraction) */
-    *s = sumf;
+    *s = lle512_dot_f32_ggml(n, vx, vy);
 }
 
 static void vec_dot_f16(int n, float *LLE_RESTRICT s, const void *LLE_RESTRICT vx, const void *LLE_RESTRICT vy) {
-    const lle_half *x = vx, *y = vy;
-    const int np = n & ~63;
-    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
-    for (int i = 0; i < np; i += 64) {
-        a0 = _mm512_fmadd_ps(LD16H(x + i), LD16H(y + i), a0);
-        a1 = _mm512_fmadd_ps(LD16H(x + i + 16), LD16H(y + i + 16), a1);
-        a2 = _mm512_fmadd_ps(LD16H(x + i + 32), LD16H(y + i + 32), a2);
-        a3 = _mm512_fmadd_ps(LD16H(x + i + 48), LD16H(y + i + 48), a3);
-    }
-    double sumf = reduce_ggml16(a0, a1, a2, a3);
-    for (int i = np; i < n; i++) sumf += (double)(h2f(x[i]) * h2f(y[i]));
-    *s = (float)sumf;
+    *s = lle512_dot_f16_ggml(n, vx, vy);
 }
 
 /* the end of vec_dot_bf16 (shared with its rows kernel): c1, c2 over the first np values, the tail */
 LLE_INLINE float finish_bf16(__m512 c1, __m512 c2, const uint16_t *x, const uint16_t *y, int np, int n) {
-    double sumf = reduce512(c1);
-    sumf += reduce512(c2);
+    double sumf = lle512_reduce(c1);
+    sumf += lle512_reduce(c2);
     return lle_bf16_dot_finish(sumf, x, y, np, n);
 }
 
@@ -1060,17 +1029,11 @@ LLE_ROWS_DISPATCH(bf16)
 
 /* tinyBLAS's order, one output: vec_dot_batch */
 static void vec_dot_f32_tb(int n, float *LLE_RESTRICT s, const void *LLE_RESTRICT vx, const void *LLE_RESTRICT vy) {
-    const float *x = vx, *y = vy;
-    __m512 c = _mm512_setzero_ps();
-    for (int l = 0; l < n; l += 16) c = _mm512_fmadd_ps(_mm512_loadu_ps(x + l), _mm512_loadu_ps(y + l), c);
-    *s = reduce512(c);
+    *s = lle512_dot_f32_tb(n, vx, vy);
 }
 
 static void vec_dot_f16_tb(int n, float *LLE_RESTRICT s, const void *LLE_RESTRICT vx, const void *LLE_RESTRICT vy) {
-    const lle_half *x = vx, *y = vy;
-    __m512 c = _mm512_setzero_ps();
-    for (int l = 0; l < n; l += 16) c = _mm512_fmadd_ps(LD16H(x + l), LD16H(y + l), c);
-    *s = reduce512(c);
+    *s = lle512_dot_f16_tb(n, vx, vy);
 }
 
 static void vec_dot_bf16_tb(int n, float *LLE_RESTRICT s, const void *LLE_RESTRICT vx, const void *LLE_RESTRICT vy) {
@@ -1079,7 +1042,7 @@ static void vec_dot_bf16_tb(int n, float *LLE_RESTRICT s, const void *LLE_RESTRI
     const unsigned int csr = daz_ftz_on();
     for (int l = 0; l < n; l += 32) c = dpbf16(c, x + l, y + l);
     _mm_setcsr(csr);
-    *s = reduce512(c);
+    *s = lle512_reduce(c);
 }
 
 /* tinyBLAS's order for nr (<= 4) activation rows and nw (<= 4) weight rows at once: out[r * ldo + j].
@@ -1098,13 +1061,13 @@ static void vec_dot_bf16_tb(int n, float *LLE_RESTRICT s, const void *LLE_RESTRI
             }                                                                                                 \
         }                                                                                                     \
         for (int r = 0; r < nr; r++)                                                                          \
-            for (int j = 0; j < nw; j++) out[(size_t)r * ldo + j] = reduce512(acc[r][j]);                     \
+            for (int j = 0; j < nw; j++) out[(size_t)r * ldo + j] = lle512_reduce(acc[r][j]);                     \
     }
 
 #define TB_WEIGHTS_f32 __m512 wv[4]; for (int j = 0; j < nw; j++) wv[j] = _mm512_loadu_ps((const float *)(w + (size_t)j * ws) + l);
 #define TB_MADD_f32 const __m512 yv = _mm512_loadu_ps(y); for (int j = 0; j < nw; j++) acc[r][j] = _mm512_fmadd_ps(wv[j], yv, acc[r][j]);
-#define TB_WEIGHTS_f16 __m512 wv[4]; for (int j = 0; j < nw; j++) wv[j] = LD16H((const lle_half *)(w + (size_t)j * ws) + l);
-#define TB_MADD_f16 const __m512 yv = LD16H(y); for (int j = 0; j < nw; j++) acc[r][j] = _mm512_fmadd_ps(wv[j], yv, acc[r][j]);
+#define TB_WEIGHTS_f16 __m512 wv[4]; for (int j = 0; j < nw; j++) wv[j] = LLE512_LDH((const lle_half *)(w + (size_t)j * ws) + l);
+#define TB_MADD_f16 const __m512 yv = LLE512_LDH(y); for (int j = 0; j < nw; j++) acc[r][j] = _mm512_fmadd_ps(wv[j], yv, acc[r][j]);
 #define TB_WEIGHTS_bf16                                                                                       \
     __m512 wo[4], we[4];                                                                                      \
     for (int j = 0; j < nw; j++) {                                                                            \
