@@ -79,6 +79,7 @@ def run(
 
     m = load_with_progress(model, backend=backend, n_ctx=ctx, n_threads=threads, kv_type=kv_type,
                            insecure=insecure)
+    refuse_embedding_model(m, model)
     m.speculation = speculation_options(draft_model, draft_max, draft_min, lookup)
     if m.speculation:
         m.spec_config(**m.speculation)  # a bad draft model fails here, in one line, before any output
@@ -139,6 +140,7 @@ def run(
     def reload(n_ctx: int | None, name: str):  # /set parameter num_ctx, and /load of another model (not pulled)
         m2 = load_with_progress(name, backend=backend, n_ctx=ctx if n_ctx is None else n_ctx, n_threads=threads,
                                 kv_type=kv_type, pull=False)  # None: --ctx, else the model's own default
+        refuse_embedding_model(m2, name)
         m2.speculation = speculation if name == model else {}  # a draft model is for the first model
         return m2
 
@@ -148,6 +150,17 @@ def run(
     held = [m]  # handed over, not kept: after /load the first model must be freed, not held by this frame
     del m
     chat(held.pop(), params, verbose=verbose, reload=reload, think=think, options=fixed)
+
+
+def refuse_embedding_model(m, name: str) -> None:
+    """One line instead of text from an embedding model (a GGUF with ``{arch}.pooling_type``), which
+    Ollama's server refuses to generate with (``"name" does not support generate``)."""
+    from llmedge.errors import LlmedgeError
+    from llmedge.server.embed import is_embedding_model
+
+    if is_embedding_model(m.gguf.metadata, m.gguf.architecture):
+        raise LlmedgeError(f"{name!r} is an embedding model and does not generate text: embed with "
+                           "llmedge serve's /api/embed or llmedge.Model.embed")
 
 
 def prompt_with_stdin(prompt: str | None) -> str | None:

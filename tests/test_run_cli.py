@@ -588,3 +588,19 @@ def test_show_info_names_the_file_type_not_the_commonest_tensor_type(gemma3_path
     m = llmedge.load(str(gemma3_path), n_ctx=256)
     s, _ = _session(m, tmp_path)
     assert f"    {'quantization':<20}{want}\n" in s.info()
+
+
+@pytest.mark.parametrize("prompt", [["hi"], []])
+def test_an_embedding_model_is_one_line_error(tmp_path: Path, prompt: list[str]):
+    """run generated text with an embedding model (a GGUF with {arch}.pooling_type), which Ollama's
+    server refuses to generate with; now one line, with and without a prompt (the chat)."""
+    sys.path.insert(0, str(Path(__file__).parent / "malformed"))
+    from gguf_bytes import U32, tiny_model
+
+    embed = tiny_model().kv("llama.pooling_type", U32, 1).write(tmp_path / "embed.gguf")
+    res = _run([str(embed), *prompt], tmp_path)
+    assert res.returncode == 1 and res.stdout == "", res.stdout
+    assert len(res.stderr.splitlines()) == 1, res.stderr
+    assert res.stderr.startswith(f"Error: '{embed}' is an embedding model and does not generate text"), res.stderr
+    assert _run([str(tiny_model().write(tmp_path / "chat.gguf")), "hi", "--num-predict", "1"],
+                tmp_path).returncode == 0  # the same model without pooling_type generates

@@ -426,3 +426,33 @@ def test_show_lists_embedding_only_for_a_model_with_a_pooling_type(url: str, tmp
         assert r.status_code == 200 and r.json()["capabilities"] == caps, r.text
         r = httpx.post(url + "/api/embed", json={"model": name, "input": "hello"}, timeout=60)
         assert r.status_code == 200 and len(r.json()["embeddings"]) == 1, r.text
+
+
+def test_an_embedding_model_does_not_generate_with_ollamas_errors(url: str, tmp_path: Path) -> None:
+    """llmedge generated text with an embedding model (a GGUF with {arch}.pooling_type); Ollama refuses
+    (routes.go: CheckCapabilities, then 400 '"name" does not support generate' / 'chat', the name %q
+    as the client wrote it), a load request too, and its OpenAI middleware gives the same message in
+    OpenAI's error object. An unload is still answered, and the model still embeds."""
+    from llmedge.store import Store
+
+    Store().create("tiny-embed:latest", tiny_model().kv("llama.pooling_type", U32, 1).write(tmp_path / "e.gguf"))
+    hi = [{"role": "user", "content": "hi"}]
+    for name in ("tiny-embed", "tiny-embed:latest"):
+        for path, fields, what in (("/api/generate", {"prompt": "hi"}, "generate"),
+                                   ("/api/generate", {"prompt": "hi", "stream": True}, "generate"),
+                                   ("/api/generate", {"prompt": "hi", "raw": True}, "generate"),
+                                   ("/api/generate", {}, "generate"),  # a load request
+                                   ("/api/chat", {"messages": hi}, "chat"), ("/api/chat", {}, "chat")):
+            r = httpx.post(url + path, json={"model": name, "stream": False, **fields}, timeout=30)
+            assert r.status_code == 400 and r.json() == {"error": f'"{name}" does not support {what}'}, r.text
+        for path, fields, what in (("/v1/chat/completions", {"messages": hi}, "chat"),
+                                   ("/v1/completions", {"prompt": "hi"}, "generate")):
+            r = httpx.post(url + path, json={"model": name, **fields}, timeout=30)
+            assert r.status_code == 400, r.text
+            assert r.json() == {"error": {"message": f'"{name}" does not support {what}',
+                                          "type": "invalid_request_error", "param": None, "code": None}}, r.text
+    r = gen(url, model="tiny-embed", prompt="", keep_alive=0)
+    assert r.status_code == 200 and r.json()["done_reason"] == "unload", r.text
+    r = httpx.post(url + "/api/embed", json={"model": "tiny-embed", "input": "hello"}, timeout=60)
+    assert r.status_code == 200 and len(r.json()["embeddings"]) == 1, r.text
+    assert gen(url, options={"num_predict": 1}).status_code == 200  # a completion model still generates

@@ -25,9 +25,10 @@ from llmedge.server import errors, limits
 from llmedge.server import ollama as ol
 from llmedge.server import openai as oa
 from llmedge.server.config import ServerConfig, config_from_env  # noqa: F401 - the server's entry points
-from llmedge.server.embed import embed_text, parse_dimensions, shorten
-from llmedge.server.errors import BadRequest, HTTPError, ModelNotFound
+from llmedge.server.embed import embed_text, is_embedding_model, parse_dimensions, shorten
+from llmedge.server.errors import BadRequest, HTTPError, ModelNotFound, Unsupported
 from llmedge.server.generation import GenerationRenderer, GenerationRequest, GenerationTask
+from llmedge.server.gofmt import go_quote
 from llmedge.server.metrics import Metrics
 from llmedge.server.scheduler import Cancelled, Job, Loaded, Scheduler, ids_in_range
 from llmedge.server.security import (
@@ -140,10 +141,21 @@ class Server:
         body = await self.body(request)
         name, key, path = self.model_of(body)
         req = parse(body, name, key, path)
+        self.check_generates(req)
         num_ctx = self.sched.check_ctx(req.num_ctx)
         task = GenerationTask(req, self.sched.stats, self.config.speculation)
         job = self.submit(None, key, path, num_ctx, req.keep_alive, task=task)
         return await respond(request, job, req.stream, renderer(task, body))
+
+    def check_generates(self, req: GenerationRequest) -> None:
+        """Refuse to generate with an embedding model, as Ollama does (routes.go GenerateHandler and
+        ChatHandler: 400 ``"name" does not support generate`` / ``chat``; /v1/completions is generate,
+        /v1/chat/completions chat). An unload (no prompt, keep_alive 0) is answered first, as there."""
+        if req.keep_alive == 0 and not (req.messages if req.kind == "chat" else req.prompt):
+            return
+        info = self.describe(req.path)
+        if is_embedding_model(info.get("model_info") or {}, info.get("family", "")):
+            raise Unsupported(f"{go_quote(req.model)} does not support {'chat' if req.kind == 'chat' else 'generate'}")
 
     def route(self, parse: Callable[..., GenerationRequest],
               renderer: Callable[[GenerationTask, dict[str, Any]], GenerationRenderer]) -> Callable[[Request], Any]:

@@ -3,12 +3,19 @@ error shapes, then embedded by :mod:`llmedge.embeddings` (mean-pooled, L2-normal
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from llmedge.embeddings import pooled, shorten, text_ids
 
-__all__ = ["embed_text", "parse_dimensions", "shorten"]
+__all__ = ["embed_text", "is_embedding_model", "parse_dimensions", "shorten"]
+
+
+def is_embedding_model(metadata: Mapping[str, Any], arch: str) -> bool:
+    """Whether a GGUF is an embedding model by Ollama's rule (server/images.go, ggufCapabilities): it
+    sets ``{arch}.pooling_type``. Ollama lists ``embedding`` instead of ``completion`` for it and
+    refuses to generate with it; it still embeds."""
+    return f"{arch}.pooling_type" in metadata
 
 
 def embed_text(model: Any, text: str | Sequence[int], truncate: bool = True) -> tuple[list[float], int]:

@@ -408,6 +408,7 @@ def capabilities(name: str, path: Any, info: dict[str, Any]) -> list[str]:
 
     from llmedge.defaults import template_choice
     from llmedge.reasoning import supports_thinking
+    from llmedge.server.embed import is_embedding_model
     from llmedge.server.tools import supports_tools
     from llmedge.store import Store
     from llmedge.template import ChatTemplate, fallback_template
@@ -415,7 +416,7 @@ def capabilities(name: str, path: Any, info: dict[str, Any]) -> list[str]:
     source = info.get("template") or fallback_template(info.get("family", ""))[1]
     gguf = ChatTemplate(source)
     template, _ = template_choice(Store().config(name), SimpleNamespace(template=gguf, tokenizer=None))
-    pooled = f"{info.get('family', '')}.pooling_type" in (info.get("model_info") or {})
+    pooled = is_embedding_model(info.get("model_info") or {}, info.get("family", ""))
     caps = ["embedding" if pooled else "completion"]
     if supports_tools(template):
         caps.append("tools")
