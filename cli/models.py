@@ -38,6 +38,7 @@ def create(
     from llmedge.cli.progress import pull_progress
     from llmedge.errors import StoreError
     from llmedge.modelfile import parse
+    from llmedge.server.manage import as_ollama_sends
     from llmedge.store import Store, looks_like_path
 
     try:
@@ -45,6 +46,7 @@ def create(
     except OSError as e:
         raise StoreError(f"cannot read the Modelfile {file}: {e.strerror or e}") from None
     mf = parse(text)
+    mf.config = as_ollama_sends(mf.config)  # float PARAMETERs as float32 digits, as ollama create sends them
     for key, value in (mf.config.get("parameters") or {}).items():
         problem = parameter_problem(key, value)
         if problem is not None:
@@ -142,7 +144,9 @@ def show(
 
         typer.echo(render(str(path), config), nl=False)
         return
-    if parameters:  # Ollama: fmt.Println(resp.Parameters)
+    if parameters:  # Ollama: fmt.Println(resp.Parameters), the server's text
+        from llmedge.server.manage import parameters_text
+
         typer.echo(parameters_text(config.get("parameters") or {}))
         return
     if license_:  # Ollama: fmt.Println(resp.License)
@@ -208,65 +212,6 @@ def run_context(ctx: int | None, config: dict) -> tuple[int, str]:
             and parameter_problem("num_ctx", num_ctx) is None:
         return int(num_ctx), "the model's num_ctx"
     return DEFAULT_CTX, "the default"
-
-
-def parameters_text(params: dict) -> str:
-    """The PARAMETERs as ``ollama show --parameters`` prints them: a line per value (``stop`` a line
-    per string), the name padded to 30 columns, the value as Go's ``%#v`` prints the JSON-decoded
-    value (numbers are float64 there: 4096, 0.7, 1e+06; strings quoted)."""
-    lines = []
-    for k, v in params.items():
-        for item in v if isinstance(v, list) else [v]:
-            lines.append(f"{k:<30} {_go_value(item)}")
-    return "\n".join(lines)
-
-
-def _go_value(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int | float):
-        return _go_float(float(v))
-    return _go_quote(str(v))
-
-
-def _go_float(v: float) -> str:
-    """Go's ``%v`` of a float64 (strconv's shortest ``g``: exponent form below 1e-4 and from 1e+06)."""
-    import math
-    from decimal import Decimal
-
-    if math.isnan(v):
-        return "NaN"
-    if math.isinf(v):
-        return "+Inf" if v > 0 else "-Inf"
-    if v == 0:
-        return "-0" if math.copysign(1, v) < 0 else "0"
-    sign, digits, exp10 = Decimal(repr(v)).as_tuple()
-    ds = "".join(map(str, digits)).rstrip("0")
-    exp10 += len(digits) - len(ds)  # trailing zeros moved into the exponent
-    x = len(ds) + exp10 - 1  # the decimal exponent of the first digit
-    neg = "-" if sign else ""
-    if x < -4 or x >= 6:
-        return f"{neg}{ds[0]}{'.' + ds[1:] if len(ds) > 1 else ''}e{'-' if x < 0 else '+'}{abs(x):02d}"
-    return neg + format(Decimal(f"{ds}e{exp10}"), "f")
-
-
-_GO_ESCAPES = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\v": "\\v",
-               '"': '\\"', "\\": "\\\\"}
-
-
-def _go_quote(s: str) -> str:
-    """Go's ``strconv.Quote``: escapes for quotes, backslashes and what is not printable."""
-    out = []
-    for ch in s:
-        if ch in _GO_ESCAPES:
-            out.append(_GO_ESCAPES[ch])
-        elif ch.isprintable():
-            out.append(ch)
-        elif ord(ch) < 0x80:
-            out.append(f"\\x{ord(ch):02x}")
-        else:
-            out.append(f"\\u{ord(ch):04x}" if ord(ch) < 0x10000 else f"\\U{ord(ch):08x}")
-    return '"' + "".join(out) + '"'
 
 
 def _kernel_tier() -> str:

@@ -18,8 +18,8 @@ import tiny_gguf
 
 import llmedge
 from conftest import FIXTURES, load_fixture
-from llmedge.cli.models import parameters_text
 from llmedge.perplexity import perplexity, scored_logits, uncertainty
+from llmedge.server.manage import parameters_text
 
 TEXT_FILE = FIXTURES / "texts" / "gpl3_30k.txt"
 TEXT = TEXT_FILE.read_text(encoding="utf-8")[:240]
@@ -128,6 +128,8 @@ MODELFILE = '''FROM ./tiny.gguf
 PARAMETER num_ctx 64
 PARAMETER temperature 0.7
 PARAMETER top_p 1
+PARAMETER min_p 0.123456789
+PARAMETER seed 12345678
 PARAMETER penalize_newline false
 PARAMETER stop "<|user|>"
 PARAMETER stop "say \\"hi\\""
@@ -154,12 +156,39 @@ def test_show_prints_each_ollama_field_as_ollama_does(store: Path) -> None:
         "num_ctx                        64\n"
         "temperature                    0.7\n"
         "top_p                          1\n"
+        "min_p                          0.12345679\n"  # a float32, as Ollama's create parses it
+        "seed                           1.2345678e+07\n"  # Ollama's JSON: a float64, %v
         "penalize_newline               false\n"
         'stop                           "<|user|>"\n'
         'stop                           "say \\"hi\\""\n')
     assert ok(llmedge_cmd(store, "show", "terse", "--license")) == "MIT License\nSecond\npart\n"
     assert ok(llmedge_cmd(store, "show", "terse", "--system")) == "You are\nterse."
     assert ok(llmedge_cmd(store, "show", "terse", "--template")) == tiny_gguf.TEMPLATE
+
+
+def test_api_show_parameters_are_the_text_show_prints(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """/api/show's parameters printed Python's values (1.0, 12345678, False, stop strings unescaped)
+    where Ollama prints Go's %#v, and Modelfile floats as float64 where Ollama's create parses float32s:
+    now the server's text is what `show --parameters` prints (as `ollama show` prints the server's)."""
+    import httpx
+    from test_server_api import running_server
+
+    monkeypatch.setenv("LLMEDGE_MODELS", str(store / "store"))
+    printed = ok(llmedge_cmd(store, "show", "terse", "--parameters"))
+    with running_server(parallel=1) as url:
+        r = httpx.post(url + "/api/show", json={"model": "terse"}, timeout=30)
+        assert r.status_code == 200, r.text
+        assert r.json()["parameters"] + "\n" == printed
+        r = httpx.post(url + "/api/create", json={"model": "derived", "from": "terse", "modelfile":
+                                                  "FROM terse\nPARAMETER temperature 3.3333333333"}, timeout=30)
+        assert r.status_code == 200, r.text
+        shown = httpx.post(url + "/api/show", json={"model": "derived"}, timeout=30).json()["parameters"]
+        assert f"{'temperature':<30} 3.3333333\n" in shown, shown  # float32 digits
+        r = httpx.post(url + "/api/create", json={"model": "json", "from": "terse",
+                                                  "parameters": {"temperature": 3.3333333333}}, timeout=30)
+        assert r.status_code == 200, r.text  # JSON parameters are float64s in Ollama too
+        shown = httpx.post(url + "/api/show", json={"model": "json"}, timeout=30).json()["parameters"]
+        assert f"{'temperature':<30} 3.3333333333\n" in shown, shown
 
 
 def test_show_fields_of_a_bare_gguf(store: Path, smollm2_path: Path) -> None:

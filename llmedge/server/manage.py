@@ -12,8 +12,9 @@ from typing import Any
 
 from llmedge.defaults import template_problem
 from llmedge.errors import StoreError
-from llmedge.modelfile import merge, parse, render, typed_parameter
+from llmedge.modelfile import FLOAT_PARAMS, merge, parse, render, typed_parameter
 from llmedge.server.errors import BadRequest
+from llmedge.server.gofmt import float32_shortest, go_value
 from llmedge.store import Store, looks_like_path, normalize_name, parse_digest
 
 
@@ -61,7 +62,7 @@ def create(body: dict[str, Any], report: Callable[[str], None], insecure: bool =
     base, config = body.get("from"), _config(body)
     if isinstance(body.get("modelfile"), str) and body["modelfile"].strip():
         mf = parse(body["modelfile"])
-        base, config = base or mf.base, merge(mf.config, config)
+        base, config = base or mf.base, merge(as_ollama_sends(mf.config), config)
     store = Store(insecure=insecure)
     files = body.get("files")
     report("parsing modelfile")
@@ -130,15 +131,31 @@ async def receive_blob(digest: str, chunks: AsyncIterator[bytes]) -> bool:
     return True
 
 
-def show_fields(name: str, path: Any, gguf_template: str) -> dict[str, Any]:
-    """/api/show's modelfile, parameters, system, template and license for a stored model."""
-    config = Store().config(name)
-    params = config.get("parameters") or {}
+def as_ollama_sends(config: dict[str, Any]) -> dict[str, Any]:
+    """A parsed Modelfile's defaults with its float PARAMETERs as Ollama's client sends them (float32
+    digits, see :func:`float32_shortest`); /api/create's JSON ``parameters`` are kept as they are."""
+    params = config.get("parameters")
+    if not params:
+        return config
+    return {**config, "parameters": {k: float32_shortest(v) if k in FLOAT_PARAMS and isinstance(v, float) else v
+                                     for k, v in params.items()}}
+
+
+def parameters_text(params: dict[str, Any]) -> str:
+    """/api/show's ``parameters`` (what ``show --parameters`` prints): a line per value (``stop`` a line
+    per string), the name padded to 30 columns and the value as Go's ``%#v`` of the JSON-decoded value
+    (routes.go GetModelInfo): 4096, 0.7, 1 for 1.0, 1e+06, 1e-05, true; strings Go-quoted."""
     lines = []
     for k, v in params.items():
         for item in v if isinstance(v, list) else [v]:
-            lines.append(f'{k:<30} "{item}"' if isinstance(item, str) else f"{k:<30} {item}")
-    out = {"modelfile": render(str(path), config), "parameters": "\n".join(lines),
+            lines.append(f"{k:<30} {go_value(item)}")
+    return "\n".join(lines)
+
+
+def show_fields(name: str, path: Any, gguf_template: str) -> dict[str, Any]:
+    """/api/show's modelfile, parameters, system, template and license for a stored model."""
+    config = Store().config(name)
+    out = {"modelfile": render(str(path), config), "parameters": parameters_text(config.get("parameters") or {}),
            "template": config.get("template") or gguf_template, "license": "\n".join(config.get("license") or [])}
     if config.get("system"):
         out["system"] = config["system"]
