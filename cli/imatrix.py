@@ -9,13 +9,14 @@ from typing import Annotated
 import typer
 
 from llmedge.cli.options import ModelArg
+from llmedge.cli.tools import CHUNK_HELP
 
 
 def imatrix(
     model: ModelArg,
     file: Annotated[Path, typer.Option("-f", "--file", help="The calibration text.")],
     out: Annotated[Path, typer.Option("-o", "--output", help="The imatrix GGUF to write.")] = Path("imatrix.gguf"),
-    ctx: Annotated[int, typer.Option("--ctx", "-c", help="Tokens per chunk.")] = 512,
+    ctx: Annotated[int, typer.Option("--ctx", "-c", help=CHUNK_HELP)] = 512,
     chunks: Annotated[int | None, typer.Option("--chunks", help="Use at most this many chunks (negative: all).")] = None,
     process_output: Annotated[
         bool, typer.Option("--process-output", help="Also collect output.weight's inputs.")

@@ -9,7 +9,7 @@ import typer
 
 from llmedge.cli.options import MIN_CTX, BackendOpt, ModelArg, checked, parameter_problem
 
-DEFAULT_CTX = 4096  # run's and serve's context when neither the command nor the model sets one
+DEFAULT_CTX = 4096  # llmedge.defaults.DEFAULT_NUM_CTX, for help texts without importing the engine
 
 StoreModelArg = Annotated[str, typer.Argument(help="A model in the local store (smollm2:135m).")]
 PullModelArg = Annotated[str, typer.Argument(help="A catalog name (smollm2:135m), hf.co/ORG/REPO[:QUANT] "
@@ -203,15 +203,12 @@ def show(
 
 
 def run_context(ctx: int | None, config: dict) -> tuple[int, str]:
-    """The context (before the model's own limit) the KV cache figure is for, and where it comes from:
-    ``--ctx``, else the model's num_ctx PARAMETER, else the default."""
-    if ctx is not None:
-        return ctx, "--ctx"
-    num_ctx = (config.get("parameters") or {}).get("num_ctx")
-    if isinstance(num_ctx, int | float) and not isinstance(num_ctx, bool) and num_ctx == int(num_ctx) \
-            and parameter_problem("num_ctx", num_ctx) is None:
-        return int(num_ctx), "the model's num_ctx"
-    return DEFAULT_CTX, "the default"
+    """The context (before the model's own limit) the KV cache figure is for, by
+    :func:`llmedge.defaults.load_context`'s rule, and where it comes from."""
+    from llmedge.defaults import load_context_origin
+
+    n_ctx, origin = load_context_origin(ctx, config, DEFAULT_CTX)
+    return n_ctx, {"given": "--ctx", "parameter": "the model's num_ctx", "default": "the default"}[origin]
 
 
 def _kernel_tier() -> str:

@@ -11,6 +11,11 @@ import typer
 
 from llmedge.cli.options import BackendOpt, ModelArg, Threads
 
+# llama-perplexity's and llama-imatrix's -c: the chunk size, 512 unless given (llama.cpp's arg.cpp sets
+# n_ctx 512 for both tools). A model's num_ctx PARAMETER is not used: it sizes a chat's context, and
+# scores only compare at the same chunk size.
+CHUNK_HELP = "Tokens per chunk, as llama.cpp's -c (default 512; a model's num_ctx PARAMETER is not used)."
+
 
 def tokenize(
     model: ModelArg,
@@ -41,7 +46,8 @@ def tokenize(
 def perplexity(
     model: ModelArg,
     file: Annotated[Path | None, typer.Option("-f", "--file", help="The text file to score.")] = None,
-    ctx: Annotated[int, typer.Option("--ctx", help="Tokens per chunk (--kl-divergence takes the base file's).")] = 512,
+    ctx: Annotated[int, typer.Option("--ctx", "-c", help=CHUNK_HELP + " --kl-divergence takes the base file's.")]
+    = 512,
     kld_base: Annotated[Path | None, typer.Option(
         "--kl-divergence-base", help="Save the log-probs to this file (with -f), or read them (with --kl-divergence).",
     )] = None,

@@ -73,10 +73,17 @@ def load_context(n_ctx: int | None, config: dict[str, Any], default: int = DEFAU
     LLMEDGE_CONTEXT_LENGTH). The model caps the result at its training context when it loads
     (:class:`llmedge.api.Model`, as Ollama's llm/server.go caps NumCtx at the GGUF's context_length),
     and 0 there means the training context itself."""
+    return load_context_origin(n_ctx, config, default)[0]
+
+
+def load_context_origin(n_ctx: int | None, config: dict[str, Any],
+                        default: int = DEFAULT_NUM_CTX) -> tuple[int, str]:
+    """:func:`load_context`'s context and which rule gave it: ``"given"`` (``n_ctx``), ``"parameter"``
+    (the model's num_ctx PARAMETER) or ``"default"``."""
     if n_ctx is not None:
-        return n_ctx
+        return n_ctx, "given"
     own = parameter_num_ctx(config)
-    return default if own is None else own
+    return (default, "default") if own is None else (own, "parameter")
 
 
 def template_choice(config: dict[str, Any], model: Any) -> tuple[Any, str]:

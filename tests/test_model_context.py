@@ -49,6 +49,21 @@ def test_the_rule() -> None:
         assert parameter_num_ctx({"parameters": {"num_ctx": bad}}) is None
 
 
+def test_show_takes_its_context_by_the_same_rule() -> None:
+    """`show`'s KV cache figure (cli.models.run_context) had its own copy of the rule, which raised
+    OverflowError / ValueError on a registry's num_ctx of Infinity or NaN; now it asks load_context's."""
+    from llmedge.cli.models import DEFAULT_CTX, run_context
+    from llmedge.defaults import DEFAULT_NUM_CTX
+
+    assert DEFAULT_CTX == DEFAULT_NUM_CTX
+    words = {"given": "--ctx", "parameter": "the model's num_ctx", "default": "the default"}
+    for given in (None, 64, 0):
+        for value in (None, 1024, 2048.0, 4, 10.5, True, "1024", float("inf"), float("nan")):
+            config = {"parameters": {} if value is None else {"num_ctx": value}}
+            want = "given" if given is not None else "default" if parameter_num_ctx(config) is None else "parameter"
+            assert run_context(given, config) == (load_context(given, config), words[want]), (given, value)
+
+
 def test_load_uses_the_models_num_ctx_unless_told_otherwise(store: Store) -> None:
     assert llmedge.load("small", backend="numpy").n_ctx == 64
     assert llmedge.load("small", backend="numpy", n_ctx=128).n_ctx == 128

@@ -233,3 +233,13 @@ def test_parameters_print_as_go_prints_ollamas_json_decoded_values() -> None:
         assert parameters_text({"x": value}) == f"{'x':<30} {want}", value
     assert parameters_text({"stop": ["a\"b", "tab\there\n", "\x01", "é"]}).splitlines() == [
         f"{'stop':<30} " + s for s in ('"a\\"b"', '"tab\\there\\n"', '"\\x01"', '"é"')]
+
+
+def test_perplexity_chunks_are_c_not_the_models_num_ctx(store: Path) -> None:
+    """perplexity's chunk size is llama-perplexity's -c (512 unless given, as llama.cpp's tools), never
+    the model's num_ctx PARAMETER (terse sets 64): perplexities only compare at one chunk size. It took
+    only --ctx, where llama-perplexity and llmedge imatrix take -c too."""
+    text = store / "text.txt"
+    text.write_text(TEXT_FILE.read_text(encoding="utf-8")[:3000])
+    assert "chunks of 32," in ok(llmedge_cmd(store, "perplexity", "terse", "-f", str(text), "-c", "32"))
+    assert "chunks of 512," in ok(llmedge_cmd(store, "perplexity", "terse", "-f", str(text)))
