@@ -1,10 +1,13 @@
 """Where a decoded token's time goes, on the native backend.
 
     python benchmarks/profile_decode.py [--model smollm2:135m] [--threads 2] [--context 128]
-                                        [--tokens 128] [--kv-type f16]
+                                        [--tokens 128] [--kv-type f16] [--sequences 1]
 
 A context of ``--context`` tokens is evaluated, then ``--tokens`` tokens are decoded one at a time
-(``engine.forward``, as ``llmedge bench``'s tg test does). Reported per token, in milliseconds and as
+(``engine.forward``, as ``llmedge bench``'s tg test does). With ``--sequences N`` there are N
+sequences of their own random ids, and each step is one forward over the N decode rows, as the
+server's continuous batching runs them (row-exact: each row multiplied as a one-row decode); the
+figures are then per step (N tokens). Reported per token, in milliseconds and as
 a share of the wall time: each op kind inside the fused decoder stack (timed in C by
 ``lle_stack_profile``: the matrix products by weight group, attention, norms, RoPE, K/V stores,
 GLU, residual adds), the stack call's own gaps (thread-pool hand-offs between ops), the output head
@@ -21,6 +24,7 @@ import numpy as np
 
 import llmedge
 from llmedge.backends.native import NativeBackend, ffi, lib
+from llmedge.models.base import Batch
 
 OPS = ("norms", "q/k/v products", "rope", "kv store", "attention", "output product", "residual adds",
        "gate/up products", "glu", "down product")
@@ -33,6 +37,7 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--kv-type", default="f16")
+    ap.add_argument("--sequences", type=int, default=1, help="decode rows per forward (one per sequence)")
     args = ap.parse_args()
 
     m = llmedge.load(args.model, backend="native", n_threads=args.threads, n_ctx=args.context + args.tokens + 8,
@@ -40,9 +45,23 @@ def main() -> None:
     be, net, eng = m.model.backend, m.model, m.engine
     assert isinstance(be, NativeBackend)
     rng = np.random.default_rng(0)
-    ids = rng.integers(0, m.params.n_vocab, args.context + args.tokens).tolist()
-    cache = eng.new_cache()
-    eng.forward(cache, ids[: args.context])
+    n_seq = max(1, args.sequences)
+    ids = [rng.integers(0, m.params.n_vocab, args.context + args.tokens).tolist() for _ in range(n_seq)]
+    caches = [eng.new_cache() for _ in range(n_seq)]
+    for cache, seq in zip(caches, ids):
+        eng.forward(cache, seq[: args.context])
+
+    def step(k: int) -> None:
+        """Decode step ``k``: one row per sequence, in one forward (one row: ``engine.forward``)."""
+        if n_seq == 1:
+            eng.forward(caches[0], [ids[0][k]])
+            return
+        pos = caches[0].offset  # every sequence is at the same position
+        batches = [Batch(np.array([seq[k]], dtype=np.int64), np.array([pos], dtype=np.int64), cache, np.array([0]),
+                         row_exact=True) for cache, seq in zip(caches, ids)]
+        eng._forward_batches(batches)
+        for cache, seq in zip(caches, ids):
+            cache.tokens.append(int(seq[k]))
 
     stack_ns = [0.0]
     head_ns = [0.0]
@@ -61,12 +80,21 @@ def main() -> None:
             head_ns[0] += time.perf_counter_ns() - t0
         return r
 
-    be.decoder_layers, be.matmul = timed_stack, timed_matmul
+    real_rows = be.matmul_rows
+
+    def timed_rows(x, w, *a, **k):  # the head of several sequences' rows (row-exact)
+        t0 = time.perf_counter_ns()
+        r = real_rows(x, w, *a, **k)
+        if w is net.output:
+            head_ns[0] += time.perf_counter_ns() - t0
+        return r
+
+    be.decoder_layers, be.matmul, be.matmul_rows = timed_stack, timed_matmul, timed_rows
     out = ffi.new("double[]", 16)
     lib.lle_stack_profile(1, ffi.NULL, 0)
     t0 = time.perf_counter_ns()
-    for t in ids[args.context :]:
-        eng.forward(cache, [t])
+    for k in range(args.context, args.context + args.tokens):
+        step(k)
     wall = time.perf_counter_ns() - t0
     n_ops = lib.lle_stack_profile(0, out, 16)
     n = args.tokens
@@ -77,8 +105,8 @@ def main() -> None:
     rows.append(("output head (vocab product)", head_ns[0] / n))
     rows.append(("python, embeddings, other", per_token - stack_ns[0] / n - head_ns[0] / n))
     print(f"{args.model}: {net.params.n_layer} layers, {be.n_threads} threads, {be.isa}, context {args.context}, "
-          f"{n} tokens: {per_token / 1e6:.2f} ms/token ({1e9 / per_token:.1f} t/s)")
-    print(f"| {'where':<30} | {'ms/token':>9} | {'share':>6} |")
+          f"{n_seq} sequence(s), {n} steps: {per_token / 1e6:.2f} ms/step ({1e9 * n_seq / per_token:.1f} t/s)")
+    print(f"| {'where':<30} | {'ms/step':>9} | {'share':>6} |")
     print(f"| {'-' * 30} | {'-' * 9}: | {'-' * 6}: |")
     for name, ns in sorted(rows, key=lambda r: -r[1]):
         print(f"| {name:<30} | {ns / 1e6:9.3f} | {100 * ns / per_token:5.1f}% |")
