@@ -155,6 +155,19 @@ LLE_INLINE float lle_bf16_dot_finish(double sumf, const uint16_t *x, const uint1
     return (float)sumf;
 }
 
+/* the end of every x86 tier's vec_dot_f32 (ggml_vec_dot_f32): vec.cpp's `sumf += x[i]*y[i]` over the
+ * values past its SIMD steps (from `from` to n), as GCC compiles it (-O3, -ffp-contract=fast): an
+ * in-order reduction vectorized by `v` products at a time (the narrowest vector: 4 in ggml's AVX2
+ * build, 8 in its AVX-512 build), each product rounded and added in turn, then the last (n - from) % v
+ * as a scalar epilogue contracted to fmas (read off both builds' libggml-cpu.so, 0.3.36) */
+LLE_INLINE float lle_f32_dot_finish(float sumf, const float *x, const float *y, int from, int n, int v) {
+    const int nv = from + ((n - from) & ~(v - 1));
+    int i = from;
+    for (; i < nv; i++) sumf += x[i] * y[i];  /* not fused (-ffp-contract=off) */
+    for (; i < n; i++) sumf = fmaf(x[i], y[i], sumf);
+    return sumf;
+}
+
 LLE_INLINE uint16_t lle_fp32_to_bf16(float s) {
     const uint32_t i = lle_f32_to_bits(s);
     if ((i & 0x7fffffff) > 0x7f800000) return (uint16_t)((i >> 16) | 64);

@@ -1,7 +1,8 @@
 /* ggml's AVX-512 build's float reductions, shared by the AVX-512 tier's products (quants_avx512.c) and
  * float ops (ops_avx512.c, through ops_avx2.c): GCC's _mm512_reduce_add_ps tree (spelled out: SIMDe adds
  * in lane order), GGML_F32x16_REDUCE, ggml_vec_dot_f32/_f16 (4 accumulators of 16 lanes over 64
- * values; the rest after them, f32 not fused as vec.cpp's C++ is compiled, f16 as doubles) and
+ * values; the rest after them as GCC compiles vec.cpp's loop: f32 as lle_f32_dot_finish says, f16 as
+ * doubles) and
  * llamafile's tinyBLAS<16> (one 16-lane accumulator, n % 16 == 0). Include after avx512_compat.h. */
 #ifndef LLE_GGML_AVX512_ORDERS_H
 #define LLE_GGML_AVX512_ORDERS_H
@@ -28,9 +29,8 @@ LLE_INLINE float lle512_dot_f32_ggml(int n, const float *x, const float *y) {
     __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
     for (int i = 0; i < np; i += 64)
         for (int r = 0; r < 4; r++) a[r] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16 * r), _mm512_loadu_ps(y + i + 16 * r), a[r]);
-    float sumf = lle512_reduce_ggml4(a[0], a[1], a[2], a[3]);
-    for (int i = np; i < n; i++) sumf += x[i] * y[i];  /* not fused (-ffp-contract=off) */
-    return sumf;
+    /* the rest by 16 and 8 products (rounded, added in turn), the last (n - np) % 8 fused */
+    return lle_f32_dot_finish(lle512_reduce_ggml4(a[0], a[1], a[2], a[3]), x, y, np, n, 8);
 }
 
 LLE_INLINE float lle512_dot_f16_ggml(int n, const lle_half *x, const lle_half *y) {

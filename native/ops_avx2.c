@@ -177,9 +177,7 @@ static float dot_f32_ggml(int n, const float *x, const float *y) {
         s2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 16), _mm256_loadu_ps(y + i + 16), s2);
         s3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 24), _mm256_loadu_ps(y + i + 24), s3);
     }
-    float sumf = reduce_ggml4(s0, s1, s2, s3);
-    for (int i = np; i < n; ++i) sumf = fmaf(x[i], y[i], sumf);
-    return sumf;
+    return lle_f32_dot_finish(reduce_ggml4(s0, s1, s2, s3), x, y, np, n, 4);  /* as vec_dot_f32's */
 }
 
 static float dot_f16_tb(int n, const lle_half *x, const lle_half *y) {
@@ -680,7 +678,17 @@ static void attn_row(const lle_attn_args *a, int64_t i, int64_t h, float *scratc
             const uint8_t *kr = a->k + (size_t)(j * a->ks_t + g * a->ks_h) * esz;
             float s;
             if (f16) {
-                s = tb_kq ? dot_f16_tb((int)d, (const lle_half *)kr, q16) : dot_f16_ggml((int)d, (const lle_half *)kr, q16);
+                const lle_half *kh = (const lle_half *)kr;
+                if (!ld16) { /* the f32 copies (kv_wide; AVX-512, d % 16 == 8): back to f16, exactly */
+                    lle_half *kb = (lle_half *)acc;
+                    int64_t e = 0;
+                    for (; e + 8 <= d; e += 8)
+                        _mm_storeu_si128((__m128i *)(kb + e),
+                                         _mm256_cvtps_ph(_mm256_loadu_ps((const float *)kr + e), _MM_FROUND_TO_NEAREST_INT));
+                    for (; e < d; e++) kb[e] = _cvtss_sh(((const float *)kr)[e], _MM_FROUND_TO_NEAREST_INT);
+                    kh = kb;
+                }
+                s = tb_kq ? dot_f16_tb((int)d, kh, q16) : dot_f16_ggml((int)d, kh, q16);
             } else {
                 s = tb_kq ? dot_f32_tb((int)d, (const float *)kr, qf) : dot_f32_ggml((int)d, (const float *)kr, qf);
             }

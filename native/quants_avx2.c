@@ -270,9 +270,8 @@ static void vec_dot_f32(int n, float *LLE_RESTRICT s, const void *LLE_RESTRICT v
         c2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 16), _mm256_loadu_ps(y + i + 16), c2);
         c3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 24), _mm256_loadu_ps(y + i + 24), c3);
     }
-    float sumf = reduce_ggml4(c0, c1, c2, c3);
-    for (int i = np; i < n; i++) sumf = fmaf(x[i], y[i], sumf);
-    *s = sumf;
+    /* the rest by 8 and 4 products (rounded, added in turn), the last (n - np) % 4 fused */
+    *s = lle_f32_dot_finish(reduce_ggml4(c0, c1, c2, c3), x, y, np, n, 4);
 }
 
 /* the ends of vec_dot_f16 / vec_dot_bf16 (bf16's shared with its rows kernel, gemv_rows_avx2.inc): the
@@ -435,7 +434,7 @@ static void vec_dot_iq4_nl(int n, float *LLE_RESTRICT s, const void *LLE_RESTRIC
             sumi1 += y[ib].qs[j] * lle_kvalues_iq4nl[x[ib].qs[j] & 0xf];
             sumi2 += y[ib].qs[j + QK / 2] * lle_kvalues_iq4nl[x[ib].qs[j] >> 4];
         }
-        sumf += d * (sumi1 + sumi2);
+        sumf = fmaf(d, (float)(sumi1 + sumi2), sumf);  /* GCC contracts ggml's `sumf += d * (...)` */
     }
     *s = sumf;
 }

@@ -910,7 +910,8 @@ static void tile_q6_K_tiled(int k, const void *w, size_t ws, int nc, const void 
  * AVX2 build's orders), checked by tests/fixtures/native_ggml_ops_avx512.json:
  * - one activation row: ggml_vec_dot_f32 / _f16 (GGML_F32x16): four 16-lane accumulators over 64
  *   values, reduced (a0 + a2) + (a1 + a3), then _mm512_reduce_add_ps; the values past the last 64
- *   one by one (f32: a float sum of rounded products, f16: in double). ggml_vec_dot_bf16 (AVX512_BF16): two
+ *   one by one (f32: rounded products added in turn, the last (n % 64) % 8 fused, as GCC vectorizes
+ *   that loop; f16: in double). ggml_vec_dot_bf16 (AVX512_BF16): two
  *   vdpbf16ps accumulators over 64 values, each reduced and added in double, then the rest in double;
  * - several rows, when m % 4 == 0 and k is a multiple of 16 (f32, f16) or 32 (bf16; batch_k):
  *   llamafile's tinyBLAS<16, __m512> (<32, __m512bh> for bf16), one 16-lane accumulator per output,

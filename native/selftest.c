@@ -208,7 +208,10 @@ static float ref512_dot(int t, int k, const void *w, const void *a) {
     for (int l = 0; l < 16; l++) v[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
     if (t == T_F32) {
         float sumf = ref_reduce16(v);
-        for (int i = np; i < k; i++) sumf += ref_val(t, w, i) * ref_val(t, a, i);  /* not fused there */
+        /* there: products rounded and added in turn, by vectors of 16 and 8, the last (k - np) % 8 fused */
+        const int nv = np + ((k - np) & ~7);
+        for (int i = np; i < k; i++)
+            sumf = i < nv ? sumf + ref_val(t, w, i) * ref_val(t, a, i) : fmaf(ref_val(t, w, i), ref_val(t, a, i), sumf);
         return sumf;
     }
     double sumf = ref_reduce16(v);
