@@ -3,15 +3,20 @@
 A layer cache holds ``capacity`` cells of K and V in the cache type (``f16`` by default, ``f32``,
 or ``q8_0``: blocks of 32 int8 values with one f16 scale, as ggml stores them) and the position of
 each cell (-1 when empty). Full-attention layers have ``n_ctx`` cells and append; sliding-window
-layers keep a ring of ``window + max_batch`` cells, so their memory does not grow with ``n_ctx``.
-Attention masks by the stored positions, which is what lets a ring and a linear buffer share one
-attention op.
+layers (``ring``) keep about ``window + max_batch`` cells (:func:`ring_capacity`), so their memory does
+not grow with ``n_ctx``. Attention masks by the stored positions, so both share one attention op.
+
+A sliding-window layer does not wrap around: its rows go in position order, and when the next rows
+would pass its last cell, the cells they still read move to the front first (:meth:`LayerCache.make_room`),
+to a cell index congruent to their position modulo ``CELL_ALIGN``. Attention walks cells by index and
+llama.cpp keeps its sums in lanes of the cell index (up to 64 of them): llama-cpp-python's SWA cache
+(``swa_full``, its default) puts position p in cell p, so these cells give the same sums, bit for bit,
+in a window's worth of memory; a wrapping ring walked the window in another order and drifted.
 
 Positions are token indices of the sequence (0 .. len(tokens) - 1): a context shift renumbers the
 kept cells and re-rotates their keys by the position delta (RoPE is a rotation, so rotating by -d
 moves a key d positions back), which keeps that invariant. Every operation that drops cells
-(trim, shift, state load) leaves the kept cells sorted by position at the front of the buffer, so a
-ring always overwrites its oldest cell next.
+(trim, shift, state load) leaves the kept cells sorted by position near the front of the buffer.
 
 All layer buffers of a sequence are views into one arena (one allocation, its size is
 ``SequenceCache.nbytes``). A ``q8_0`` cache is dequantized to float32 before attention reads it,
@@ -34,6 +39,9 @@ KV_TYPES = ("f16", "f32", "q8_0")
 KV_DTYPES = {"f16": np.float16, "f32": np.float32}  # the float cache types and their NumPy dtypes
 QK8_0 = 32  # values per q8_0 block
 _ALIGN = 64
+# a sliding-window layer keeps cell index = position (mod CELL_ALIGN): the attention kernels' lanes
+# (V sums: 64 on AVX-512, 32 on AVX2; softmax chunks of 16) then see llama.cpp's linear layout
+CELL_ALIGN = 64
 
 Alloc = Callable[[tuple[int, ...], Any], np.ndarray]
 RopeSpec = tuple  # n_rot, freq_base, freq_scale, neox[, freq_factors or None[, (ext_factor, corr_lo, corr_hi)]]
@@ -247,6 +255,16 @@ class SequenceState:
         return sum(st.nbytes for st in self.layers) + 4 * len(self.tokens)
 
 
+def ring_capacity(window: int, max_batch: int) -> int:
+    """Cells of a sliding-window layer: the window, a batch and the slack that aligning cells to
+    positions (mod CELL_ALIGN) needs, in whole CELL_ALIGN blocks. Windows shorter than CELL_ALIGN
+    (no real model's; tests' small ones) keep window + max_batch cells, unaligned."""
+    if window < CELL_ALIGN:
+        return window + max_batch
+    n = window + max_batch + CELL_ALIGN - 2
+    return -(-n // CELL_ALIGN) * CELL_ALIGN
+
+
 def _needed(n: int, window: int | None) -> tuple[int, int]:
     """Positions [lo, n) the query at position ``n`` (and every later one) may read."""
     return (0 if window is None else max(0, n - window + 1)), n
@@ -265,8 +283,8 @@ class LayerCache:
     """K/V cells of one layer of one sequence.
 
     ``window`` is the layer's attention window (None: global attention); ``ring`` means the buffer
-    holds only the last ``capacity`` cells and wraps around (sliding-window layers when
-    ``window + max_batch < n_ctx``). ``rope`` (n_rot, base, scale, neox) is how the layer rotates keys;
+    holds only the cells the window still needs (sliding-window layers when :func:`ring_capacity`
+    is below ``n_ctx``): :meth:`make_room` moves them to the front when the next rows would not fit. ``rope`` (n_rot, base, scale, neox) is how the layer rotates keys;
     the model sets it, and a context shift uses it to re-rotate the kept keys.
     """
 
@@ -341,11 +359,14 @@ class LayerCache:
         """Claim cells for ``positions`` (n rows) and record their positions, without writing K/V.
 
         Returns (start, first, used): rows [0, first) go to cells start.., rows [first, n) to cells
-        0.. (a ring wrapping around), and attention then reads cells [0, used)."""
+        0.. (a ring wrapping around, which :meth:`make_room` avoids), and attention then reads cells
+        [0, used)."""
         n = len(positions)
         why = self.room_error(n)
         if why:
             raise ValueError(why)
+        if self.ring and n:
+            self.make_room(n, int(positions[0]))
         if not self.ring:
             start = self.used
             self.pos[start : start + n] = positions
@@ -374,6 +395,29 @@ class LayerCache:
             self.v.write(0, v[first:])
         return self.k.fetch(u, self.scratch, "k"), self.v.fetch(u, self.scratch, "v"), self.pos[:u]
 
+    def make_room(self, n: int, first: int) -> None:
+        """Before a ring takes ``n`` rows from position ``first``: when they would pass its last cell,
+        keep the cells they read (positions > first - window) plus half the spare room of history
+        (what a later trim may need) and move them to the front, at the cell index congruent to their
+        position mod CELL_ALIGN (the rows then follow in order). The native stack claims cells in C
+        and never moves them: the model calls this first."""
+        end = self.head or (self.capacity if self.used else 0)
+        if not self.ring or end + n <= self.capacity or self.room_error(n):
+            return  # (rows that do not fit are refused by reserve, with nothing dropped)
+        history = max(0, self.capacity - self.window - (CELL_ALIGN - 1) - n) // 2
+        p = self.pos[: self.used]
+        keep = np.flatnonzero((p >= 0) & (p > first - self.window - history))
+        keep = keep[np.argsort(p[keep], kind="stable")]
+        self._compact(keep, at=self._aligned(int(p[keep[0]]) if len(keep) else first, len(keep) + n))
+
+    def _aligned(self, first_pos: int, m: int) -> int:
+        """The cell where a ring's kept run (``m`` cells from ``first_pos``) starts: congruent to the
+        position mod CELL_ALIGN when that leaves room, else 0 (a small ring: correct, not aligned)."""
+        if not self.ring:
+            return 0
+        at = first_pos % CELL_ALIGN
+        return at if at + m <= self.capacity else 0
+
     # -- dropping cells ----------------------------------------------------------------------------
     def holds(self, positions_lo: int, positions_hi: int) -> bool:
         return _holds(self.valid_positions(), positions_lo, positions_hi)
@@ -391,7 +435,8 @@ class LayerCache:
             self.used = self.head = m
             return
         keep = np.flatnonzero((p >= 0) & (p < n))
-        self._compact(keep[np.argsort(p[keep], kind="stable")])
+        keep = keep[np.argsort(p[keep], kind="stable")]
+        self._compact(keep, at=self._aligned(int(p[keep[0]]) if len(keep) else 0, len(keep)))
 
     def rollback(self, n: int) -> None:
         """Forget the ``n`` cells written last (the newest positions, e.g. rejected speculative rows).
@@ -411,18 +456,18 @@ class LayerCache:
         self.used = self.capacity if bool((self.pos[self.head :] >= 0).any()) else self.head
 
     def _compact(self, order: np.ndarray, new_pos: np.ndarray | None = None,
-                 k_raw: tuple[np.ndarray, ...] | None = None) -> None:
-        """Keep cells ``order`` (in that order) at the front; optionally with new positions / keys."""
+                 k_raw: tuple[np.ndarray, ...] | None = None, at: int = 0) -> None:
+        """Keep cells ``order`` (in that order) from cell ``at``; optionally with new positions / keys."""
         m = len(order)
         k = k_raw if k_raw is not None else self.k.take(order)
         v = self.v.take(order)
         pos = new_pos if new_pos is not None else self.pos[order].copy()
         self.pos[:] = -1
-        self.k.put(0, k)
-        self.v.put(0, v)
-        self.pos[:m] = pos
-        self.used = m
-        self.head = m % self.capacity
+        self.k.put(at, k)
+        self.v.put(at, v)
+        self.pos[at : at + m] = pos
+        self.used = at + m
+        self.head = (at + m) % self.capacity
 
     def clear(self) -> None:
         self.pos[: self.used] = -1
@@ -456,7 +501,8 @@ class LayerCache:
             k_moved = self.k.from_f32(np.asarray(kf, dtype=np.float32))
         new_pos = np.concatenate([p[keep], p[moved] - n_discard]).astype(np.int32)
         k_raw = tuple(np.concatenate([a, b]) for a, b in zip(k_keep, k_moved))
-        self._compact(np.concatenate([keep, moved]), new_pos, k_raw)
+        at = self._aligned(int(new_pos[0]) if len(new_pos) else 0, len(new_pos))
+        self._compact(np.concatenate([keep, moved]), new_pos, k_raw, at)
 
     # -- state -------------------------------------------------------------------------------------
     def state(self) -> LayerState:
@@ -464,8 +510,8 @@ class LayerCache:
         p = self.pos[: self.used]
         valid = np.flatnonzero(p >= 0)
         order = valid[np.argsort(p[valid], kind="stable")]
-        if len(order) == self.used and np.array_equal(order, np.arange(self.used)):
-            order = slice(0, self.used)  # the common case: already in order, copy contiguous rows
+        if len(order) and np.array_equal(order, np.arange(order[0], order[0] + len(order))):
+            order = slice(int(order[0]), int(order[0]) + len(order))  # in order: copy contiguous rows
         return LayerState(np.array(p[order], dtype=np.int32), self.k.take(order), self.v.take(order))
 
     def check_state(self, st: LayerState, kv_type: str, n_tokens: int) -> str | None:
@@ -494,11 +540,12 @@ class LayerCache:
         k, v = tuple(a[cut:] for a in st.k), tuple(a[cut:] for a in st.v)
         if kv_type != self.kv_type:
             k, v = self.k.from_f32(raw_to_f32(k, kv_type)), self.v.from_f32(raw_to_f32(v, kv_type))
+        at = self._aligned(int(st.pos[cut]) if m > cut else 0, m - cut)
         self.pos[:] = -1
-        self.k.put(0, k)
-        self.v.put(0, v)
-        self.pos[: m - cut] = st.pos[cut:]
-        self.used = m - cut
+        self.k.put(at, k)
+        self.v.put(at, v)
+        self.pos[at : at + m - cut] = st.pos[cut:]
+        self.used = at + m - cut
         self.head = self.used % self.capacity
 
 
@@ -565,6 +612,13 @@ class SequenceCache:
         for layer in self.layers:
             layer.clear()
         self.tokens.clear()
+
+    def make_room(self, n: int, first: int) -> None:
+        """Before ``n`` rows from position ``first``: every ring makes room for them in order
+        (:meth:`LayerCache.make_room`); a step calls it before any backend claims cells."""
+        for layer in self.layers:
+            if layer.ring:
+                layer.make_room(n, first)
 
     # -- context shift -----------------------------------------------------------------------------
     def can_shift(self, n_keep: int, n_discard: int) -> bool:

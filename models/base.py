@@ -19,7 +19,15 @@ import numpy as np
 from llmedge.backends.base import Backend
 from llmedge.errors import ModelError
 from llmedge.gguf import GGUFFile
-from llmedge.kvcache import KV_TYPES, Arena, LayerCache, Scratch, SequenceCache, plan_sequence_cache
+from llmedge.kvcache import (
+    KV_TYPES,
+    Arena,
+    LayerCache,
+    Scratch,
+    SequenceCache,
+    plan_sequence_cache,
+    ring_capacity,
+)
 from llmedge.models.spec import Family, HParams, LayerSpec, TensorDecl, layer_specs, layer_tensors
 
 
@@ -135,15 +143,16 @@ class Weights:
 
 def make_sequence_cache(n_layer: int, n_ctx: int, n_kv_head: int, head_dim: int, kv_type: str,
                         windows: list[int | None], max_batch: int) -> SequenceCache:
-    """Full caches of ``n_ctx`` cells, sliding-window layers a ring of window + max_batch cells
-    (a plain buffer when that is not smaller than ``n_ctx``); all of them in one arena."""
+    """Full caches of ``n_ctx`` cells, sliding-window layers a ring of :func:`ring_capacity` cells
+    (about window + max_batch; a plain buffer when that is not smaller than ``n_ctx``); all of them
+    in one arena."""
     if kv_type not in KV_TYPES:
         raise ModelError(f"unsupported KV cache type '{kv_type}' (supported: {', '.join(KV_TYPES)})")
     geometry = []
     for il in range(n_layer):
         w = windows[il]
-        ring = w is not None and w + max_batch < n_ctx
-        geometry.append((w + max_batch if ring else n_ctx, w, ring))
+        ring = w is not None and ring_capacity(w, max_batch) < n_ctx
+        geometry.append((ring_capacity(w, max_batch) if ring else n_ctx, w, ring))
     arena = Arena(plan_sequence_cache([(cap, n_kv_head, head_dim, head_dim, kv_type) for cap, _, _ in geometry]))
     scratch = Scratch() if kv_type == "q8_0" else None
     layers = [LayerCache(cap, n_kv_head, head_dim, head_dim, kv_type, window=w, ring=ring, alloc=arena.alloc,
@@ -277,6 +286,8 @@ class Decoder:
         x = be.get_rows(self.token_embd, step.tokens)
         if self.embd_scale is not None:
             x = x * self.embd_scale
+        for b in step.batches:  # rings move their cells before any backend claims new ones
+            b.cache.make_room(len(b.tokens), int(b.positions[0]))
         fused = getattr(be, "decoder_layers", None)
         if fused is None or not fused(self, x, step):
             for il in range(len(self.layers)):

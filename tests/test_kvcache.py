@@ -12,16 +12,19 @@ from conftest import skip_or_fail
 from llmedge.backends.numpy_ref import NumpyBackend
 from llmedge.errors import LlmedgeError
 from llmedge.kvcache import (
+    CELL_ALIGN,
     QK8_0,
     LayerCache,
     SequenceCache,
     dequantize_q8_0,
     quantize_q8_0,
+    ring_capacity,
 )
 from llmedge.models.base import make_sequence_cache
 from llmedge.quant import GGMLQuantizationType as T
 from llmedge.quant import dequantize, quantize
 
+TEXTS = Path(__file__).parent / "fixtures" / "texts"
 H, D = 2, 64  # kv heads, head size
 BE = NumpyBackend()
 
@@ -114,9 +117,40 @@ def test_sliding_layers_are_rings_only_when_smaller_than_the_context() -> None:
     long = make_sequence_cache(3, 1000, H, D, "f16", [16, None, 16], 8)
     assert [la.ring for la in short.layers] == [False, False, False]
     assert [la.capacity for la in long.layers] == [24, 1000, 24]
+    assert ring_capacity(16, 8) == 24 and ring_capacity(512, 512) == 1088  # 64-aligned from a 64-cell window
     assert [la.ring for la in long.layers] == [True, False, True]
     layer_bytes = sum(la.nbytes for la in long.layers)
     assert layer_bytes <= long.nbytes <= layer_bytes + 64 * 9  # one arena: the layers plus alignment
+
+
+@pytest.mark.parametrize("batch", [1, 5, 16])
+def test_ring_cells_follow_positions_in_order_as_llama_cpp_lays_them_out(batch: int) -> None:
+    """llama-cpp-python's SWA cache (swa_full) holds position p in cell p and attention sums by cell
+    index mod up to 64: a ring keeps cell = position (mod CELL_ALIGN), in position order, whatever
+    the batches, so it sums the same way."""
+    window, max_batch = 100, 16
+    layer = LayerCache(ring_capacity(window, max_batch), H, D, D, "f16", window=window, ring=True)
+    assert layer.capacity == 192
+    for p0 in range(0, 1000, batch):
+        pos = np.arange(p0, p0 + batch)
+        layer.update_and_fetch(rows(pos), rows(pos, 1), pos)
+        cells = by_position(layer)
+        assert set(range(max(0, p0 - window + 1), p0 + batch)) <= set(cells)
+        assert all(cell % CELL_ALIGN == p % CELL_ALIGN for p, cell in cells.items()), p0
+        order = [cells[p] for p in sorted(cells)]
+        assert order == sorted(order), p0  # walked by cell index, the positions come in order
+    k = layer.k.arrays[0][by_position(layer)[999]]
+    assert np.array_equal(k, rows([999])[0].astype(np.float16))
+
+
+def test_a_refused_batch_moves_no_cell() -> None:
+    layer = LayerCache(128, H, D, D, "f32", window=12, ring=True)
+    fill(layer, 0, 127)
+    before = layer.state()
+    big = np.arange(127, 127 + layer.capacity)
+    with pytest.raises(ValueError, match="exceeds the sliding-window ring"):
+        layer.update_and_fetch(rows(big), rows(big), big)
+    assert np.array_equal(layer.state().pos, before.pos) and layer.can_trim_to(127)
 
 
 def test_trim_keeps_a_prefix_and_rings_refuse_what_they_lost() -> None:
@@ -125,13 +159,15 @@ def test_trim_keeps_a_prefix_and_rings_refuse_what_they_lost() -> None:
     assert full.can_trim_to(17)
     full.trim_to(17)
     assert full.used == 17 and full.offset == 17
-    ring = LayerCache(20, H, D, D, "f32", window=12, ring=True)
-    fill(ring, 0, 50)  # holds 30..49
-    assert ring.can_trim_to(45) and not ring.can_trim_to(35)
-    ring.trim_to(45)
-    assert sorted(by_position(ring)) == list(range(30, 45)) and ring.head == 15
-    fill(ring, 45, 60)  # continues after the trim without losing its window
-    assert set(range(48, 60)) <= set(by_position(ring))
+    ring = LayerCache(128, H, D, D, "f32", window=12, ring=True)
+    fill(ring, 0, 300)  # its cells moved to the front several times, keeping 26 positions of history
+    assert ring.can_trim_to(300 - 26) and not ring.can_trim_to(200)
+    ring.trim_to(290)
+    held = sorted(by_position(ring))
+    assert held[-1] == 289 and held == list(range(held[0], 290)) and len(held) >= 11 + 26
+    assert all(cell % CELL_ALIGN == p % CELL_ALIGN for p, cell in by_position(ring).items())
+    fill(ring, 290, 400)  # continues after the trim without losing its window
+    assert set(range(388, 400)) <= set(by_position(ring))
 
 
 # -- context shift ----------------------------------------------------------------------------------
@@ -149,7 +185,8 @@ def test_shift_moves_kept_keys_as_if_computed_at_their_new_positions(neox: bool,
     after = by_position(layer)
     expect = {p if p < n_keep else p - n_discard for p in before if not n_keep <= p < n_keep + n_discard}
     assert set(after) == expect
-    assert list(layer.pos[: layer.used]) == sorted(expect)  # compacted, in order: the ring overwrites the oldest next
+    p = layer.pos[: layer.used]
+    assert list(p[p >= 0]) == sorted(expect) and np.all(p[: layer.used - len(expect)] == -1)  # compacted, in order
     for new_p, i in after.items():
         old_p = new_p if new_p < n_keep else new_p + n_discard
         fresh = BE.rope(rows([old_p]), np.array([new_p]), *rope)[0]  # that token's key computed at new_p
@@ -197,12 +234,12 @@ def test_sequence_shift_drops_tokens_and_keeps_positions_equal_to_token_indices(
 
 def test_ring_that_lost_cells_coming_back_into_view_refuses_to_shift() -> None:
     cache = _seq([16, None], 1000, 8)  # ring of 24 cells
-    _extend(cache, 36)  # the ring holds 12..35
+    _extend(cache, 300)  # the ring lost positions below 250 at least
     layer_state = [la.state() for la in cache.layers]
-    # after dropping 12 of them the next position is 24, whose window starts at 9: cells 9..11 are gone
-    assert not cache.shift(12, 12, BE)
-    assert cache.offset == 36 and all(np.array_equal(a.pos, b.state().pos) for a, b in zip(layer_state, cache.layers))
-    assert cache.shift(2, 17, BE)  # the window of position 19 starts at 4 -> old 21..: held
+    # after dropping 280 of them the next position is 20, whose window starts at 5: old 5..11 are gone
+    assert not cache.shift(12, 280, BE)
+    assert cache.offset == 300 and all(np.array_equal(a.pos, b.state().pos) for a, b in zip(layer_state, cache.layers))
+    assert cache.shift(2, 10, BE)  # the window of position 290 starts at 275 -> old 285..: held
 
 
 # -- states -----------------------------------------------------------------------------------------
@@ -303,3 +340,26 @@ def test_a_cache_arena_commits_only_the_pages_written() -> None:
     assert seen, "the arena's mapping is not in /proc/self/smaps"
     assert rss_kb <= 8 * 64, f"8 scattered writes committed {rss_kb} KB"
     assert int(buf.sum(dtype=np.int64)) == 8  # zeroed everywhere else
+
+
+def test_gemma3_ring_gives_the_logits_of_a_full_buffer_past_the_window(gemma3_path: Path) -> None:
+    """Gemma 3's sliding-window layers in a ring (640 cells, moved past position 640) against plain
+    n_ctx buffers, llama-cpp-python's layout (position p in cell p): the same logits bit for bit, in
+    64-row prompt batches and token by token (logits_vs_llamacpp.py: those equal llama.cpp's)."""
+    import llmedge
+    from llmedge.models.base import Batch
+
+    m = llmedge.load(gemma3_path, backend="native", n_ctx=1024)
+    net = m.model
+    ids = m.tokenize((TEXTS / "gpl3_30k.txt").read_text(encoding="utf-8"))[:716]
+    ring, plain = net.make_cache(1024, "f16", 64), net.make_cache(1024, "f16", 1024)
+    assert {la.capacity for la in ring.layers if la.ring} == {640} and not any(la.ring for la in plain.layers)
+    pieces = [ids[i : i + 64] for i in range(0, 704, 64)] + [[t] for t in ids[704:]]
+    p0 = 0
+    for piece in pieces:
+        pos = np.arange(p0, p0 + len(piece))
+        a, b = (net.forward(Batch(np.array(piece), pos, c)) for c in (ring, plain))
+        np.testing.assert_array_equal(a, b, err_msg=f"positions {p0}..")
+        p0 += len(piece)
+    rings = [la for la in ring.layers if la.ring]
+    assert all(la.offset == 716 and la.valid_positions().min() > 0 for la in rings)  # the cells did move
