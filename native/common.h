@@ -362,6 +362,11 @@ typedef struct {
 /* query heads attn_group takes at once */
 #define LLE_ATTN_GROUP 4
 
+/* cells past the first lane's from which AVX-512 decode V sums keep their 64 lanes in scratch instead
+ * of summing them 4 by 4 in registers (v_sum_tree, ops_avx2.c; lle_set_attn_tree_max sets it) */
+#define LLE_ATTN_TREE_MAX 1024
+extern int64_t lle_attn_tree_max;
+
 /* floats of scratch one attention row needs */
 LLE_INLINE int64_t lle_attn_scratch_floats(int64_t t, int64_t d) {
     const int64_t tp = (t + 31) & ~(int64_t)31;

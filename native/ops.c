@@ -532,6 +532,10 @@ static int64_t g_attn_wide_min = LLE_ATTN_WIDE_MIN;
 
 void lle_set_attn_wide_min(long long cells) { g_attn_wide_min = cells < 0 ? 0 : cells; }
 
+int64_t lle_attn_tree_max = LLE_ATTN_TREE_MAX;
+
+void lle_set_attn_tree_max(long long cells) { lle_attn_tree_max = cells < 0 ? -1 : cells; }
+
 #define WIDE_MAX_PROBLEMS 64
 /* the wide path runs the AVX-512 tier's ops (ggml's AVX-512 orders): softmax chunks of 16 cells, 64 V
  * partial sums per value (ggml's 4 accumulators of 16 lanes), summed by WIDE_PARTS tasks of 16 lanes

@@ -555,6 +555,62 @@ LLE_INLINE void v_sum_finish(const float *acc, int64_t ld, int64_t d, int L, flo
 #undef A
 }
 
+#if defined(LLE_OPS_512)
+/* v_sum_tree's step: lanes m, m + 16, m + 32, m + 48 of ch chunks of 16 values from value c0, for nh
+ * heads, in registers (nh * ch * 4 of them); each head's sums of the four lanes into buf[h] row m */
+LLE_INLINE void v_tree_lanes(const uint8_t *vb, size_t vst, int f16, const float *const *w, const int nh,
+                             const int ch, int64_t jb, int64_t jend, int m, int64_t c0, int64_t d, float *const *buf) {
+    const size_t esz = f16 ? 2 : 4;
+    __m512 z[LLE_ATTN_GROUP][4][4];  /* head, chunk, lane */
+    for (int h = 0; h < nh; h++)
+        for (int k = 0; k < ch; k++) z[h][k][0] = z[h][k][1] = z[h][k][2] = z[h][k][3] = _mm512_setzero_ps();
+    for (int64_t j0 = jb + m; j0 < jend; j0 += 64)
+        for (int r = 0; r < 4; r++) {  /* lane m + 16 r */
+            const int64_t j = j0 + 16 * r;
+            if (j >= jend) break;
+            const uint8_t *vr = vb + (size_t)j * vst + (size_t)c0 * esz;
+            __m512 v[4];
+            for (int k = 0; k < ch; k++) v[k] = ld_kv16(vr + (size_t)(16 * k) * esz, f16);
+            for (int h = 0; h < nh; h++) {
+                const __m512 p = _mm512_set1_ps(w[h][j]);
+                const __mmask16 on = _mm512_cmp_ps_mask(p, _mm512_setzero_ps(), _CMP_NEQ_UQ);
+                for (int k = 0; k < ch; k++) z[h][k][r] = _mm512_mask_mov_ps(z[h][k][r], on, _mm512_fmadd_ps(v[k], p, z[h][k][r]));
+            }
+        }
+    for (int h = 0; h < nh; h++)
+        for (int k = 0; k < ch; k++)
+            _mm512_storeu_ps(buf[h] + m * d + c0 + 16 * k, _mm512_add_ps(_mm512_add_ps(z[h][k][0], z[h][k][2]),
+                                                                      _mm512_add_ps(z[h][k][1], z[h][k][3])));
+}
+
+/* ggml's AVX-512 decode V sum (64 lanes; d % 16 == 0) of nh heads with v_sum_finish's first step done in
+ * registers: for each lane m < 16 and 16 values, lanes m, m + 16, m + 32, m + 48 are summed over their
+ * cells in order (a head's cells of probability 0 skipped, as v_sum_rows skips them, by mask), then
+ * added as v_sum_finish adds them, (m + (m + 32)) + ((m + 16) + (m + 48)); those 16 sums per value go to
+ * buf[h] and v_sum_finish (L = 16) adds them in the rest of its tree. The same additions, so the same
+ * values, with 16 x d partial sums stored and reloaded instead of 64 x d: at short contexts (a few cells
+ * per lane) that store and reload was most of the V sum. Each V load and probability serves as many
+ * 16-value chunks as registers allow. buf[h]: 16 * d floats. */
+LLE_INLINE void v_sum_tree(const lle_attn_args *a, int64_t g, const float *const *w, const int nh, int64_t jb,
+                           int64_t jend, int f16, float *const *buf, float *const *out) {
+    const int64_t d = a->d;
+    const size_t vst = (size_t)a->vs_t * (f16 ? 2 : 4);
+    const uint8_t *vb = a->v + (size_t)(g * a->vs_h) * (f16 ? 2 : 4);
+    const int ch = nh == 1 ? 4 : nh <= 3 ? 2 : 1;  /* chunks per pass: 16 to 24 accumulators */
+    for (int m = 0; m < 16; m++) {
+        int64_t c0 = 0;
+        for (; c0 + 16 * ch <= d; c0 += 16 * ch) v_tree_lanes(vb, vst, f16, w, nh, ch, jb, jend, m, c0, d, buf);
+        for (; c0 < d; c0 += 16) v_tree_lanes(vb, vst, f16, w, nh, 1, jb, jend, m, c0, d, buf);
+    }
+    for (int h = 0; h < nh; h++) v_sum_finish(buf[h], d, d, 16, out[h]);
+}
+
+/* v_sum_tree's reach: cells from jb up to lle_attn_tree_max (the same values either way) */
+LLE_INLINE int v_tree(int64_t d, int64_t jb, int64_t jend) {
+    return d % 16 == 0 && jend - jb <= lle_attn_tree_max;
+}
+#endif
+
 /* V sum (d % 8 == 0; w[j] are the final probabilities, 0 for masked cells, over [jb, jend) with jb a
  * multiple of L): llama.cpp keeps, per output value, L partial sums of the cells j with j % L = l.
  * Here each pass takes one l and a block of up to 64 output values (8 registers), so a V row is
@@ -565,6 +621,12 @@ LLE_INLINE void v_sum_rows(const lle_attn_args *a, int64_t g, const float *w, in
     const int64_t d = a->d;
     const size_t esz = f16 ? 2 : 4;
     const size_t vst = (size_t)a->vs_t * esz;
+#if defined(LLE_OPS_512)
+    if (L == 64 && v_tree(d, jb, jend)) {
+        v_sum_tree(a, g, &w, 1, jb, jend, f16, &acc, &o);
+        return;
+    }
+#endif
     for (int64_t e0 = 0; e0 < d; e0 += 64) {
         const int S = d - e0 >= 64 ? 8 : (int)((d - e0) / 8);
         const uint8_t *vb = a->v + (size_t)(g * a->vs_h + e0) * esz;
@@ -943,6 +1005,14 @@ LLE_INLINE void attn_group_n(const lle_attn_args *a, int64_t i, int64_t h0, cons
         hv[nv++] = hh;
     }
     if (!nv) return;
+    if (L == V_GG && ld16 && v_tree(d, jb, jhi + 1)) {
+        float *ov[LLE_ATTN_GROUP];
+        for (int k = 0; k < nv; k++) ov[k] = a->out + (i * a->n_head + h0 + hv[k]) * d;
+        /* every head or none has a visible cell (positions decide), so nv is nh but for NaN scores */
+        if (nv == nh) v_sum_tree(a, g, (const float *const *)wv, nh, jb, jhi + 1, 1, av, ov);
+        else v_sum_tree(a, g, (const float *const *)wv, nv, jb, jhi + 1, 1, av, ov);
+        return;
+    }
     v_sum_group(a, g, (const float *const *)wv, nv, jb, jhi + 1, L, ld16, av);
     for (int k = 0; k < nv; k++) v_sum_finish(av[k], d, d, L, a->out + (i * a->n_head + h0 + hv[k]) * d);
 }

@@ -635,6 +635,68 @@ static void test_attention_wide(int isa) {
     free(kh); free(vh); free(q); free(ow); free(og);
 }
 
+/* the AVX-512 decode V sums formed 4 lanes at a time in registers (v_sum_tree) against the 64 lanes kept
+ * in scratch (lle_set_attn_tree_max(-1)), bit for bit, through attn_row (f16 and f32 caches) and
+ * attn_group: every cell count from 1 to 130 (one or two cells per lane, lanes left empty), head sizes
+ * 16 to 256 and 80 (not a multiple of 64), peaked heads whose probabilities round to 0, an empty cell
+ * whose V row is infinite (its probability 0: skipped, not 0 * inf), V values -0, a sliding window
+ * (the first lane past 0), a query before the last cells and a soft-cap */
+static void test_attention_tree(int isa) {
+    lle_set_isa(isa);
+    const lle_op_kernels *ops = lle_ops;
+    if (isa != ISA_AVX512) return;
+    enum { KV = 2, TMAX = 130, DMAX = 256, HMAX = 4 * KV };
+    static const int ds[] = {16, 64, 80, 128, 256}, hpgs[] = {1, 3, 4};
+    lle_half *kh = malloc(sizeof(lle_half) * TMAX * KV * DMAX), *vh = malloc(sizeof(lle_half) * TMAX * KV * DMAX);
+    float *kf = malloc(sizeof(float) * TMAX * KV * DMAX), *vf = malloc(sizeof(float) * TMAX * KV * DMAX);
+    float *q = malloc(sizeof(float) * HMAX * DMAX), *o[2] = {malloc(sizeof(float) * HMAX * DMAX), malloc(sizeof(float) * HMAX * DMAX)};
+    float *scratch = malloc(sizeof(float) * 4 * (size_t)((lle_attn_scratch_floats(TMAX, DMAX) + 15) & ~15));
+    int kpos[TMAX], checked = 0;
+    for (int i = 0; i < TMAX * KV * DMAX; i++) {
+        kh[i] = lle_fp32_to_fp16(rndf());
+        vh[i] = lle_fp32_to_fp16(i % 37 == 0 ? -0.0f : rndf());
+    }
+    for (int j = 0; j < TMAX; j++) kpos[j] = j;
+    kpos[5] = -1;
+    for (int di = 0; di < 5; di++) {
+        for (int i = 5 * KV * ds[di]; i < 6 * KV * ds[di]; i++) vh[i] = lle_fp32_to_fp16(INFINITY);  /* cell 5 */
+        for (int i = 0; i < TMAX * KV * DMAX; i++) { kf[i] = lle_fp16_to_fp32(kh[i]); vf[i] = lle_fp16_to_fp32(vh[i]); }
+        for (int hi = 0; hi < 3; hi++)
+            for (int t = 1; t <= TMAX; t++)
+                for (int variant = 0; variant < 4; variant++)
+                    for (int f16 = 0; f16 < 2; f16++) {
+                        const int d = ds[di], hpg = hpgs[hi], n_head = hpg * KV;
+                        if (!f16 && hpg != 1) continue;  /* attn_group takes f16 caches only */
+                        const int qp = variant == 3 ? t - 1 - t / 3 : t - 1;
+                        for (int h = 0; h < n_head; h++)
+                            for (int e = 0; e < d; e++) q[h * d + e] = rndf() * (h % hpg == 0 ? 40.0f : 1.0f);
+                        const lle_attn_args a = {q, 1, n_head, d, f16 ? (const uint8_t *)kh : (const uint8_t *)kf,
+                                                 f16 ? (const uint8_t *)vh : (const uint8_t *)vf, f16, t, KV, KV * d, d,
+                                                 KV * d, d, &qp, kpos, 0.125f, variant == 1 ? 29 : 0,
+                                                 variant == 2 ? 20.0f : 0.0f, NULL, 0};
+                        const int64_t per = (lle_attn_scratch_floats(t, d) + 15) & ~(int64_t)15;
+                        for (int s = 0; s < 2; s++) {
+                            lle_attn_args b = a;
+                            b.out = o[s];
+                            lle_set_attn_tree_max(s ? LLE_ATTN_TREE_MAX : -1);
+                            for (int g = 0; g < KV; g++) {
+                                if (hpg == 1) ops->attn_row(&b, 0, g, scratch);
+                                else ops->attn_group(&b, 0, g * hpg, hpg, scratch, per);
+                            }
+                        }
+                        for (int i = 0; i < n_head * d; i++)
+                            CHECK(memcmp(o[0] + i, o[1] + i, sizeof(float)) == 0,
+                                  "V sum tree d=%d t=%d heads/kv=%d variant %d f16 %d [%d]: %.9g vs %.9g", d, t, hpg,
+                                  variant, f16, i, o[1][i], o[0][i]);
+                        checked++;
+                    }
+        for (int i = 5 * KV * ds[di]; i < 6 * KV * ds[di]; i++) vh[i] = lle_fp32_to_fp16(rndf());
+    }
+    lle_set_attn_tree_max(LLE_ATTN_TREE_MAX);
+    printf("  decode V sums in registers: %d cases compared\n", checked);
+    free(kh); free(vh); free(kf); free(vf); free(q); free(o[0]); free(o[1]); free(scratch);
+}
+
 #if defined(LLE_SELFTEST_SIMDE)
 /* selftest_simde.c: the AVX-512 source compiled against SIMDe, run as the AVX-512 tier */
 extern lle_kernels lle_kernels_avx512_simde[T_COUNT];
@@ -736,6 +798,7 @@ int main(void) {
         test_f32_to_f16(isa);
         test_attention_groups(isa);
         test_attention_wide(isa);
+        test_attention_tree(isa);
         tested++;
     }
     printf("testing the chunks of a pool job\n");
