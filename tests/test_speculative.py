@@ -191,10 +191,13 @@ def test_server_lookup_option_gives_the_plain_text_and_reports_drafts(store_root
     assert f"llmedge_draft_accepted_total {spec['draft_accepted']}" in metrics
 
 
-@pytest.mark.parametrize("ggml_type", ["Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q4_K", "Q6_K", "F16", "BF16"])
-def test_row_exact_products_equal_one_row_products_on_every_tier(ggml_type: str) -> None:
+@pytest.mark.parametrize(("ggml_type", "m", "k"), [(t, 72, 512) for t in ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q4_K", "Q6_K",
+                                                                         "F16", "BF16", "F32")]
+                         + [("F32", 1024, 4096), ("F16", 1024, 4096)])
+def test_row_exact_products_equal_one_row_products_on_every_tier(ggml_type: str, m: int, k: int) -> None:
     """lle_matmul_rows (shared weight blocks for Q4_0 / Q4_1 / Q8_0 / BF16, the one-row gemv per row for the
-    others) against lle_matmul of each row alone, bit for bit, on every kernel tier of this CPU."""
+    others; F32/F16 rows over 128 KB blocks of a chunk's weight rows, several blocks per chunk at
+    1024 x 4096) against lle_matmul of each row alone, bit for bit, on every kernel tier of this CPU."""
     from test_native_kernels import make_tensor, random_weight
 
     from llmedge.backends.native import NativeBackend, NativeWeight
@@ -203,7 +206,7 @@ def test_row_exact_products_equal_one_row_products_on_every_tier(ggml_type: str)
     be = NativeBackend(2)
     t = T[ggml_type]
     rng = np.random.default_rng(3)
-    m, k = 72, 512  # m not a multiple of the 8-row repacking and of the rows kernel's 8-row groups
+    # m = 72: not a multiple of the 8-row repacking and of the rows kernel's 8-row groups
     w = NativeWeight(make_tensor(random_weight(t, m, k, rng), t, m, k))
     x = rng.standard_normal((11, k)).astype(np.float32)
     try:
