@@ -297,7 +297,8 @@ class NumbaBackend:
         if kind not in ("silu", "gelu"):
             raise ValueError(f"glu: unknown kind {kind!r}")
         o = _out(out, gate.shape)
-        args = (gate.reshape(-1), up.reshape(-1), 0 if kind == "silu" else 1, _gelu_table(), o.reshape(-1))
+        args = (gate.reshape(-1), up.reshape(-1), 0 if kind == "silu" else 1, _gelu_table(), o.reshape(-1),
+                max(1, gate.shape[-1] if gate.ndim else 1))
         if gate.size >= 1 << 16:
             self._set_threads()
             _glu_par(*args)

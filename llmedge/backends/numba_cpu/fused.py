@@ -110,11 +110,11 @@ def _rope(x, pos, n_rot, freq_scale, theta_scale, neox, ff, has_ff, mscale, ext,
 
 
 @njit
-def _glu(g, u, kind, tab):
+def _glu(g, u, kind, tab, d):
     if g.shape[0] >= 1 << 16:
-        _glu_par(g, u, kind, tab, g)
+        _glu_par(g, u, kind, tab, g, d)
     else:
-        _glu_ser(g, u, kind, tab, g)
+        _glu_ser(g, u, kind, tab, g, d)
 
 @njit
 def _post(h, x, nw, has_norm, eps, rs):
@@ -191,7 +191,7 @@ def _decoder_layers(x, pos, ip, fp, wa, wshape, wt, na, nn, ff, has_ff, ka, va, 
         u = np.empty((n, n_ff), np.float32)
         _matmul(h, wu[4], wi[4], wt[b + 4], g)
         _matmul(h, wu[5], wi[5], wt[b + 5], u)
-        _glu(g.reshape(-1), u.reshape(-1), ip[il, 4], gtab)
+        _glu(g.reshape(-1), u.reshape(-1), ip[il, 4], gtab, n_ff)
         _matmul(g, wu[6], wi[6], wt[b + 6], h2)
         _post(h2, x, norms[5], ip[il, 9] != 0, eps, fp[il, 10])
 

@@ -115,11 +115,14 @@ def _build_gelu_table():
 
 
 @njit
-def _glu_range(g, u, kind, tab, out, i0, i1, n8):
+def _glu_range(g, u, kind, tab, out, i0, i1, d):
+    """out[i] = act(g[i]) * u[i] over flat rows of ``d`` values: SiLU restarts ggml's 8-wide vector loop at
+    every row (ggml_vec_swiglu_f32 per row), so a row's last d % 8 values take libm's expf."""
+    d8 = d & ~7
     for i in range(i0, i1):
         x = g[i]
         if kind == 0:
-            if i < n8:
+            if i % d < d8:
                 y = x / (F32(1.0) + _v_expf(F32(0.0) - x))
             else:
                 y = x / (F32(1.0) + F32(math.exp(-x)))
@@ -133,17 +136,17 @@ def _glu_range(g, u, kind, tab, out, i0, i1, n8):
 
 
 @njit(cache=True)
-def _glu_ser(g, u, kind, tab, out):
+def _glu_ser(g, u, kind, tab, out, d):
     n = g.shape[0]
-    _glu_range(g, u, kind, tab, out, 0, n, n & ~7)
+    _glu_range(g, u, kind, tab, out, 0, n, d)
 
 
 @njit(parallel=True, cache=True)
-def _glu_par(g, u, kind, tab, out):
+def _glu_par(g, u, kind, tab, out, d):
     n = g.shape[0]
     nc = (n + 4095) // 4096
     for c in prange(nc):
-        _glu_range(g, u, kind, tab, out, c * 4096, min(n, (c + 1) * 4096), n & ~7)
+        _glu_range(g, u, kind, tab, out, c * 4096, min(n, (c + 1) * 4096), d)
 
 
 @njit

@@ -535,7 +535,7 @@ def _member(tid, nth, sync, limit, x, pos, ip, fp, wa, wshape, wt, na, nn, ff, h
         # phase I: the gated unit over every column, quantized for down
         gu = _view(gub, n, n_ff)
         if _claim(sync, p) == 0:
-            _glu_range(g[:n * n_ff], u[:n * n_ff], ip[il, 4], gtab, gu.reshape(-1), 0, n * n_ff, (n * n_ff) & ~7)
+            _glu_range(g[:n * n_ff], u[:n * n_ff], ip[il, 4], gtab, gu.reshape(-1), 0, n * n_ff, n_ff)
             _quantize_for(wt, b + 6, 1, gu, aqs, ads, ais, afs)
             _finish(sync, p)
         if not _wait_done(sync, p, 1, limit):
