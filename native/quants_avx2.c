@@ -755,8 +755,8 @@ static void vec_dot_iq4_xs(int n, float *LLE_RESTRICT s, const void *LLE_RESTRIC
 
 void lle_register_avx2(void) {
     lle_kernels *t = lle_kernels_avx2;
-    t[T_F32] = (lle_kernels){.vec_dot = vec_dot_f32, .vec_dot_batch = vec_dot_f32_tb};
-    t[T_F16] = (lle_kernels){.from_float = quantize_f16, .vec_dot = vec_dot_f16, .vec_dot_batch = vec_dot_f16_tb};
+    t[T_F32] = (lle_kernels){.vec_dot = vec_dot_f32, .gemv_rows = gemv_rows_f32, .vec_dot_batch = vec_dot_f32_tb};
+    t[T_F16] = (lle_kernels){.from_float = quantize_f16, .vec_dot = vec_dot_f16, .gemv_rows = gemv_rows_f16, .vec_dot_batch = vec_dot_f16_tb};
     t[T_BF16] = (lle_kernels){.vec_dot = vec_dot_bf16, .gemv_rows = gemv_rows_bf16, .vec_dot_batch = vec_dot_bf16_tb};
     t[T_Q4_0] = (lle_kernels){.vec_dot = vec_dot_q4_0, .gemv = gemv_q4_0, .gemv_rows = gemv_rows_q4_0, .tile = tile_q4_0};
     t[T_Q4_1] = (lle_kernels){.vec_dot = vec_dot_q4_1, .gemv = gemv_q4_1, .gemv_rows = gemv_rows_q4_1, .tile = tile_q4_1,

@@ -1028,6 +1028,89 @@ LLE_INLINE void rows_bf16(int k, const void *w, size_t ws, int nr, const void *a
 
 LLE_ROWS_DISPATCH(bf16)
 
+/* several f32 / f16 activation rows, each exactly vec_dot_f32 / _f16 above (same four accumulators
+ * per row, same reduction and tail): each weight row is read from memory once, its vectors loaded
+ * (converted, for f16) once for up to 4 activation rows (16 accumulators), and 8 rows take it twice
+ * from L1. f16 activations are converted to floats once per call where they fit LLE_ROWS_F16_BUF
+ * (the conversion is exact: the same products), else per weight row. The end of each row: */
+LLE_INLINE float finish_f32(const __m512 *c, const float *x, const float *y, int np, int n) {
+    return lle_f32_dot_finish(lle512_reduce_ggml4(c[0], c[1], c[2], c[3]), x, y, np, n, 8);
+}
+
+LLE_INLINE float finish_f16(const __m512 *c, const lle_half *x, const lle_half *y, int np, int n) {
+    double sumf = lle512_reduce_ggml4(c[0], c[1], c[2], c[3]);
+    for (int i = np; i < n; i++) sumf += (double)(_cvtsh_ss(x[i]) * _cvtsh_ss(y[i]));
+    return (float)sumf;
+}
+
+#define LDF(p) _mm512_loadu_ps(p)
+#define LLE_ROWS_F16_BUF 12288
+
+/* weight row x (TW) against g (<= 4) activation rows: their first np values at av (TA, rows avs
+ * elements apart), all k at y (TW, rows ys bytes apart: the tail), into out[r * ldo] */
+#define ROWS_GROUP(NAME, TW, LOADW, TA, LOADA, FINISH)                                                      \
+    LLE_INLINE void NAME(int k, const TW *x, const TA *av, size_t avs, const uint8_t *y, size_t ys, const int g, \
+                         float *out, size_t ldo) {                                                           \
+        const int np = k & ~63;                                                                              \
+        __m512 acc[4][4];                                                                                    \
+        for (int r = 0; r < g; r++)                                                                          \
+            for (int q = 0; q < 4; q++) acc[r][q] = _mm512_setzero_ps();                                     \
+        for (int i = 0; i < np; i += 64) {                                                                   \
+            const __m512 w0 = LOADW(x + i), w1 = LOADW(x + i + 16), w2 = LOADW(x + i + 32), w3 = LOADW(x + i + 48); \
+            for (int r = 0; r < g; r++) {                                                                    \
+                const TA *v = av + r * avs + i;                                                              \
+                acc[r][0] = _mm512_fmadd_ps(w0, LOADA(v), acc[r][0]);                                        \
+                acc[r][1] = _mm512_fmadd_ps(w1, LOADA(v + 16), acc[r][1]);                                   \
+                acc[r][2] = _mm512_fmadd_ps(w2, LOADA(v + 32), acc[r][2]);                                   \
+                acc[r][3] = _mm512_fmadd_ps(w3, LOADA(v + 48), acc[r][3]);                                   \
+            }                                                                                                \
+        }                                                                                                    \
+        for (int r = 0; r < g; r++) out[(size_t)r * ldo] = FINISH(acc[r], x, (const TW *)(y + r * ys), np, k); \
+    }
+
+ROWS_GROUP(group_f32, float, LDF, float, LDF, finish_f32)
+ROWS_GROUP(group_f16, lle_half, LLE512_LDH, lle_half, LLE512_LDH, finish_f16)
+ROWS_GROUP(group_f16f, lle_half, LLE512_LDH, float, LDF, finish_f16)
+
+/* nr weight rows against n activation rows (av: their vector parts, avs elements apart) */
+#define ROWS_WEIGHTS(GROUP, TW)                                                                              \
+    for (int j = 0; j < nr; j++) {                                                                           \
+        const TW *x = (const TW *)((const uint8_t *)w + (size_t)j * ws);                                     \
+        GROUP(k, x, av, avs, a, as, n < 4 ? n : 4, out + j, ldo);                                            \
+        if (n > 4) GROUP(k, x, av + 4 * avs, avs, (const uint8_t *)a + 4 * as, as, n - 4, out + 4 * ldo + j, ldo); \
+    }
+
+LLE_INLINE void rows_f32(int k, const void *w, size_t ws, int nr, const void *a, size_t as, const float *sc,
+                         const int n, float *out, size_t ldo) {
+    (void)sc;
+    const float *av = a;
+    const size_t avs = as / sizeof(float);
+    ROWS_WEIGHTS(group_f32, float)
+}
+
+LLE_INLINE void rows_f16(int k, const void *w, size_t ws, int nr, const void *a, size_t as, const float *sc,
+                         const int n, float *out, size_t ldo) {
+    (void)sc;
+    const int np = k & ~63;
+    if ((size_t)n * np > LLE_ROWS_F16_BUF || nr < 2) {
+        const lle_half *av = a;
+        const size_t avs = as / sizeof(lle_half);
+        ROWS_WEIGHTS(group_f16, lle_half)
+        return;
+    }
+    float buf[LLE_ROWS_F16_BUF] __attribute__((aligned(64)));
+    for (int r = 0; r < n; r++) {
+        const lle_half *y = (const lle_half *)((const uint8_t *)a + (size_t)r * as);
+        for (int i = 0; i < np; i += 16) _mm512_store_ps(buf + (size_t)r * np + i, LLE512_LDH(y + i));
+    }
+    const float *av = buf;
+    const size_t avs = (size_t)np;
+    ROWS_WEIGHTS(group_f16f, lle_half)
+}
+
+LLE_ROWS_DISPATCH(f32)
+LLE_ROWS_DISPATCH(f16)
+
 /* tinyBLAS's order, one output: vec_dot_batch */
 static void vec_dot_f32_tb(int n, float *LLE_RESTRICT s, const void *LLE_RESTRICT vx, const void *LLE_RESTRICT vy) {
     *s = lle512_dot_f32_tb(n, vx, vy);
@@ -1292,8 +1375,8 @@ void LLE_AVX512_REGISTER(void) {
     k = from_avx2(T_Q4_K); k.vec_dot_r8 = vec_dot_q4_K_r8; k.packed = packed_q4_K; t[T_Q4_K] = k;
     k = from_avx2(T_Q6_K); k.vec_dot = vec_dot_q6_K; k.tile_tiled = tile_q6_K_tiled; k.packed = packed_q6_K; t[T_Q6_K] = k;
     /* the float types and IQ4_NL: ggml's AVX-512 build's orders, which differ from its AVX2 build's */
-    k = from_avx2(T_F32); k.vec_dot = vec_dot_f32; k.vec_dot_batch = vec_dot_f32_tb; k.tile_batch = tile_batch_f32; k.batch_k = 16; t[T_F32] = k;
-    k = from_avx2(T_F16); k.vec_dot = vec_dot_f16; k.vec_dot_batch = vec_dot_f16_tb; k.tile_batch = tile_batch_f16; k.batch_k = 16; t[T_F16] = k;
+    k = from_avx2(T_F32); k.vec_dot = vec_dot_f32; k.gemv_rows = gemv_rows_f32; k.vec_dot_batch = vec_dot_f32_tb; k.tile_batch = tile_batch_f32; k.batch_k = 16; t[T_F32] = k;
+    k = from_avx2(T_F16); k.vec_dot = vec_dot_f16; k.gemv_rows = gemv_rows_f16; k.vec_dot_batch = vec_dot_f16_tb; k.tile_batch = tile_batch_f16; k.batch_k = 16; t[T_F16] = k;
     k = from_avx2(T_BF16); k.vec_dot = vec_dot_bf16; k.gemv_rows = gemv_rows_bf16; k.vec_dot_batch = vec_dot_bf16_tb;
     k.tile_batch = tile_batch_bf16; k.batch_k = 32; t[T_BF16] = k;
     k = from_avx2(T_IQ4_NL); k.vec_dot = vec_dot_iq4_nl; t[T_IQ4_NL] = k;

@@ -359,10 +359,11 @@ static void test_bitexact(int isa, int ref_isa) {
 }
 
 /* the row-exact products on one ISA (its rows kernels, 1..LLE_GEMV_ROWS rows per call, and the
- * float types' odd tails and several conversion chunks): each row equal to that row's product alone */
+ * float types' odd tails, k shorter than one vector step and several conversion chunks): each row
+ * equal to that row's product alone */
 static void test_rows(int isa) {
     static const int types[] = {T_F32, T_F16, T_BF16, T_Q4_0, T_Q4_1, T_Q8_0};
-    static const int ks[] = {1056, 520, 517}, ns[] = {2, 3, 8, 11};
+    static const int ks[] = {1056, 520, 517, 100, 44, 8}, ns[] = {2, 3, 5, 8, 11};
     const int m = 19, kmax = 1056, nmax = 11;
     float *x = malloc(sizeof(float) * nmax * kmax), *oa = malloc(sizeof(float) * nmax * m);
     float *ob = malloc(sizeof(float) * nmax * m);
@@ -370,12 +371,12 @@ static void test_rows(int isa) {
     for (int i = 0; i < nmax * kmax; i++) x[i] = rndf() * 3.0f;
     lle_set_isa(isa);
     for (unsigned ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++)
-        for (int ki = 0; ki < 3; ki++) {
+        for (int ki = 0; ki < (int)(sizeof(ks) / sizeof(ks[0])); ki++) {
             const int t = types[ti], k = ks[ki];
             if (k % lle_type_traits[t].block_size) continue;
             const long long rs = lle_row_size(t, k);
             random_weights(t, m, k, w);
-            for (int ni = 0; ni < 4; ni++) {
+            for (int ni = 0; ni < (int)(sizeof(ns) / sizeof(ns[0])); ni++) {
                 const int n = ns[ni];
                 for (int i = 0; i < n; i++) lle_matmul(t, w, rs, m, k, x + i * k, 1, oa + i * m, m);
                 lle_matmul_rows(t, w, rs, m, k, x, n, ob, m);

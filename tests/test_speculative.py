@@ -218,6 +218,34 @@ def test_row_exact_products_equal_one_row_products_on_every_tier(ggml_type: str,
         be.set_isa(NativeBackend.available_isas()[-1])
 
 
+@pytest.mark.parametrize("ggml_type", ["F32", "F16"])
+def test_float_rows_kernels_equal_one_row_products_for_every_tail_and_row_count(ggml_type: str) -> None:
+    """The F32/F16 rows kernels (each weight row against up to 4 activation rows on AVX-512, 2 on AVX2)
+    against each row alone, bit for bit, on every tier: k with every kind of tail past the vector
+    steps (k < 32, k % 64 == 8, 36 or 32, k % 32 != 0, odd), 2..11 rows (one or two 8-row calls,
+    odd groups), 33 weight rows (a last chunk of one row); f16 activations converted once per call,
+    and at k = 1600 for 8 rows (beyond the conversion buffer) per weight row."""
+    from test_native_kernels import make_tensor, random_weight
+
+    from llmedge.backends.native import NativeBackend, NativeWeight
+    from llmedge.quant import GGMLQuantizationType as T
+
+    be = NativeBackend(2)
+    t = T[ggml_type]
+    rng = np.random.default_rng(5)
+    try:
+        for k in (8, 44, 72, 100, 517, 584, 1056, 1600):
+            w = NativeWeight(make_tensor(random_weight(t, 33, k, rng), t, 33, k))
+            x = rng.standard_normal((11, k)).astype(np.float32)
+            for isa in NativeBackend.available_isas():
+                be.set_isa(isa)
+                alone = np.concatenate([be.matmul(x[i : i + 1], w) for i in range(len(x))])
+                for n in range(2, 12):
+                    assert np.array_equal(be.matmul_rows(x[:n], w), alone[:n]), (isa, k, n)
+    finally:
+        be.set_isa(NativeBackend.available_isas()[-1])
+
+
 @pytest.mark.parametrize("backend", ["numpy", "native"])
 def test_a_backend_without_row_exact_batches_verifies_row_by_row(tmp_path: Path, backend: str) -> None:
     """The numpy reference has no row-exact multi-row path: its verify rows run one at a time and the
