@@ -242,9 +242,10 @@ static void select_isa(int isa) {
                 k.packed_prep_bytes = src->packed_prep_bytes;
                 g_kernel_isa[t] = chain[c];
             }
-            /* the x86 tiers' gemv kernels (and float vec_dots) agree bit for bit, so the rows kernel
-             * may come from below */
-            if (!k.gemv_rows && src->gemv_rows && (k.gemv || float_act(lle_type_traits[t].vec_type)))
+            /* the x86 tiers' gemv kernels agree bit for bit, so a quantized type's rows kernel may come
+             * from below; a float type's may not (AVX-512 sums F32/F16/BF16 in other orders than AVX2:
+             * each tier registers its own) */
+            if (!k.gemv_rows && src->gemv_rows && k.gemv)
                 k.gemv_rows = src->gemv_rows;
         }
         g_active[t] = k;
@@ -718,11 +719,10 @@ static void mr_chunk(const mr_ctx *c, int64_t ch) {
                     c->out + i * c->ldo + j0);
         return;
     }
-    /* every activation row over up to 128 KB of the chunk's weight rows at a time (each dot the one-row
-     * kernel's), so the rows after the first read them from L2: F32/F16 weights have no rows kernel,
-     * and a chunk of SmolLM2's F32 head (3.5 MB) was read from memory once per row. Smaller chunks keep
-     * one block (a weight row at a time against every row measured slower there: 14.4 vs 12.0 ms of
-     * the F32 model's gate/up per 4-row step) */
+    /* a type with neither a gemv nor a rows kernel (or rows kernels switched off, lle_set_gemv_rows(0)):
+     * every activation row over up to 128 KB of the chunk's weight rows at a time (each dot the one-row
+     * kernel's), so the rows after the first read them from L2, not memory (a chunk of a large head is
+     * several MB) */
     const int64_t blk = c->ws >= (128 << 10) ? 1 : (int64_t)((128 << 10) / c->ws);
     for (int64_t b0 = j0; b0 < j1; b0 += blk) {
         const int64_t b1 = b0 + blk < j1 ? b0 + blk : j1;
