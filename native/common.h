@@ -422,6 +422,9 @@ typedef struct {
     void (*wide_scores)(lle_attn_wide *p, int64_t b);
     void (*wide_exp)(lle_attn_wide *p, int64_t b);
     void (*wide_v)(lle_attn_wide *p, int64_t g, int part);
+    /* prompt attention over an f16 cache reads f32 copies of it (kv_wide) for head sizes d that are a
+     * multiple of this: those whose K.Q takes the tier's tinyBLAS order (8 on AVX2, 16 on AVX-512) */
+    int kv_wide_align;
 } lle_op_kernels;
 
 extern lle_op_kernels lle_ops_scalar;

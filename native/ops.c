@@ -113,7 +113,7 @@ static void f32_to_f16_scalar(int64_t n, const float *x, lle_half *y) {
 }
 
 lle_op_kernels lle_ops_scalar = {swiglu_scalar, geglu_scalar, softmax_exp_scalar, rope_head_scalar, attn_row_scalar,
-                                 f16_to_f32_scalar, NULL, f32_to_f16_scalar};
+                                 f16_to_f32_scalar, NULL, f32_to_f16_scalar, NULL, NULL, NULL, 8};
 
 void lle_build_gelu_table(void) {
     const float GELU_COEF_A = 0.044715f;
@@ -475,7 +475,7 @@ int lle_attention_impl(const float *q, long long n, long long n_head, long long 
     c.nh = nh;
     /* prefill over an f16 cache: every K/V row is read by n * n_head / n_kv queries, so convert the
      * rows once into f32 copies (exact) instead of at every read; same values, same order */
-    if (kv_f16 && n >= 4 && d % 8 == 0 && t > 0) {
+    if (kv_f16 && n >= 4 && d % lle_ops->kv_wide_align == 0 && t > 0) {
         float *kf = lle_scratch_kv((size_t)(2 * n_kv * t * d) * sizeof(float));
         if (!kf) return -2;
         float *vf = kf + n_kv * t * d;

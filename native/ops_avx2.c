@@ -740,16 +740,9 @@ static void attn_row(const lle_attn_args *a, int64_t i, int64_t h, float *scratc
             const uint8_t *kr = a->k + (size_t)(j * a->ks_t + g * a->ks_h) * esz;
             float s;
             if (f16) {
+                /* an f16 cache is read as f16 here: its f32 copies (kv_wide) exist only for head sizes
+                 * of the tier's tinyBLAS order (kv_wide_align), which take the blocked path above */
                 const lle_half *kh = (const lle_half *)kr;
-                if (!ld16) { /* the f32 copies (kv_wide; AVX-512, d % 16 == 8): back to f16, exactly */
-                    lle_half *kb = (lle_half *)acc;
-                    int64_t e = 0;
-                    for (; e + 8 <= d; e += 8)
-                        _mm_storeu_si128((__m128i *)(kb + e),
-                                         _mm256_cvtps_ph(_mm256_loadu_ps((const float *)kr + e), _MM_FROUND_TO_NEAREST_INT));
-                    for (; e < d; e++) kb[e] = _cvtss_sh(((const float *)kr)[e], _MM_FROUND_TO_NEAREST_INT);
-                    kh = kb;
-                }
                 s = tb_kq ? dot_f16_tb((int)d, kh, q16) : dot_f16_ggml((int)d, kh, q16);
             } else {
                 s = tb_kq ? dot_f32_tb((int)d, (const float *)kr, qf) : dot_f32_ggml((int)d, (const float *)kr, qf);
@@ -1232,7 +1225,7 @@ static void f32_to_f16(int64_t n, const float *x, lle_half *y) {
 }
 
 lle_op_kernels LLE_OPS_TABLE = {swiglu, geglu, softmax_exp, rope_head, attn_row, f16_to_f32, ATTN_GROUP, f32_to_f16,
-                               WIDE_SCORES, WIDE_EXP, WIDE_V};
+                               WIDE_SCORES, WIDE_EXP, WIDE_V, KQ_TB};
 
 #if defined(__clang__)
 #pragma clang attribute pop
