@@ -24,13 +24,25 @@ LLE_INLINE float lle512_reduce_ggml4(__m512 a0, __m512 a1, __m512 a2, __m512 a3)
     return lle512_reduce(_mm512_add_ps(_mm512_add_ps(a0, a2), _mm512_add_ps(a1, a3)));
 }
 
+/* the ends of ggml_vec_dot_f32 / _f16 (shared with the rows kernels): the four accumulators a[] over
+ * the first np values reduced, then the rest: f32 by 16 and 8 products (rounded, added in turn), the
+ * last (n - np) % 8 fused; f16 one by one in double */
+LLE_INLINE float lle512_finish_f32(const __m512 *a, const float *x, const float *y, int np, int n) {
+    return lle_f32_dot_finish(lle512_reduce_ggml4(a[0], a[1], a[2], a[3]), x, y, np, n, 8);
+}
+
+LLE_INLINE float lle512_finish_f16(const __m512 *a, const lle_half *x, const lle_half *y, int np, int n) {
+    double sumf = lle512_reduce_ggml4(a[0], a[1], a[2], a[3]);
+    for (int i = np; i < n; i++) sumf += (double)(_cvtsh_ss(x[i]) * _cvtsh_ss(y[i]));
+    return (float)sumf;
+}
+
 LLE_INLINE float lle512_dot_f32_ggml(int n, const float *x, const float *y) {
     const int np = n & ~63;
     __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
     for (int i = 0; i < np; i += 64)
         for (int r = 0; r < 4; r++) a[r] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16 * r), _mm512_loadu_ps(y + i + 16 * r), a[r]);
-    /* the rest by 16 and 8 products (rounded, added in turn), the last (n - np) % 8 fused */
-    return lle_f32_dot_finish(lle512_reduce_ggml4(a[0], a[1], a[2], a[3]), x, y, np, n, 8);
+    return lle512_finish_f32(a, x, y, np, n);
 }
 
 LLE_INLINE float lle512_dot_f16_ggml(int n, const lle_half *x, const lle_half *y) {
@@ -38,9 +50,7 @@ LLE_INLINE float lle512_dot_f16_ggml(int n, const lle_half *x, const lle_half *y
     __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
     for (int i = 0; i < np; i += 64)
         for (int r = 0; r < 4; r++) a[r] = _mm512_fmadd_ps(LLE512_LDH(x + i + 16 * r), LLE512_LDH(y + i + 16 * r), a[r]);
-    double sumf = lle512_reduce_ggml4(a[0], a[1], a[2], a[3]);
-    for (int i = np; i < n; i++) sumf += (double)(_cvtsh_ss(x[i]) * _cvtsh_ss(y[i]));
-    return (float)sumf;
+    return lle512_finish_f16(a, x, y, np, n);
 }
 
 LLE_INLINE float lle512_dot_f32_tb(int n, const float *x, const float *y) {

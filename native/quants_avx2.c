@@ -260,22 +260,22 @@ LLE_INLINE float reduce_ggml4(__m256 s0, __m256 s1, __m256 s2, __m256 s3) {
     return _mm_cvtss_f32(_mm_hadd_ps(t1, t1));
 }
 
+/* the ends of vec_dot_f32 / _f16 / _bf16 (shared with their rows kernels, gemv_rows_avx2.inc): the
+ * four accumulators c[0..3] of the first np values (np = n & ~31) reduced, plus the tail (f32: by 8
+ * and 4 products, rounded and added in turn, the last (n - np) % 4 fused) */
+LLE_INLINE float finish_f32(const __m256 *c, const float *x, const float *y, int np, int n) {
+    return lle_f32_dot_finish(reduce_ggml4(c[0], c[1], c[2], c[3]), x, y, np, n, 4);
+}
+
 static void vec_dot_f32(int n, float *LLE_RESTRICT s, const void *LLE_RESTRICT vx, const void *LLE_RESTRICT vy) {
     const float *x = vx, *y = vy;
     const int np = n & ~31;
-    __m256 c0 = _mm256_setzero_ps(), c1 = _mm256_setzero_ps(), c2 = _mm256_setzero_ps(), c3 = _mm256_setzero_ps();
-    for (int i = 0; i < np; i += 32) {
-        c0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), c0);
-        c1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8), c1);
-        c2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 16), _mm256_loadu_ps(y + i + 16), c2);
-        c3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 24), _mm256_loadu_ps(y + i + 24), c3);
-    }
-    /* the rest by 8 and 4 products (rounded, added in turn), the last (n - np) % 4 fused */
-    *s = lle_f32_dot_finish(reduce_ggml4(c0, c1, c2, c3), x, y, np, n, 4);
+    __m256 c[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int i = 0; i < np; i += 32)
+        for (int r = 0; r < 4; r++) c[r] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8 * r), _mm256_loadu_ps(y + i + 8 * r), c[r]);
+    *s = finish_f32(c, x, y, np, n);
 }
 
-/* the ends of vec_dot_f16 / vec_dot_bf16 (bf16's shared with its rows kernel, gemv_rows_avx2.inc): the
- * four accumulators c[0..3] of the first np values (np = n & ~31) reduced, plus the tail */
 LLE_INLINE float finish_f16(const __m256 *c, const lle_half *x, const lle_half *y, int np, int n) {
     double sumf = reduce_ggml4(c[0], c[1], c[2], c[3]);
     for (int i = np; i < n; i++) sumf += (double)(h2f(x[i]) * h2f(y[i]));

@@ -1032,16 +1032,8 @@ LLE_ROWS_DISPATCH(bf16)
  * per row, same reduction and tail): each weight row is read from memory once, its vectors loaded
  * (converted, for f16) once for up to 4 activation rows (16 accumulators), and 8 rows take it twice
  * from L1. f16 activations are converted to floats once per call where they fit LLE_ROWS_F16_BUF
- * (the conversion is exact: the same products), else per weight row. The end of each row: */
-LLE_INLINE float finish_f32(const __m512 *c, const float *x, const float *y, int np, int n) {
-    return lle_f32_dot_finish(lle512_reduce_ggml4(c[0], c[1], c[2], c[3]), x, y, np, n, 8);
-}
-
-LLE_INLINE float finish_f16(const __m512 *c, const lle_half *x, const lle_half *y, int np, int n) {
-    double sumf = lle512_reduce_ggml4(c[0], c[1], c[2], c[3]);
-    for (int i = np; i < n; i++) sumf += (double)(_cvtsh_ss(x[i]) * _cvtsh_ss(y[i]));
-    return (float)sumf;
-}
+ * (the conversion is exact: the same products), else per weight row. Each row ends as vec_dot's does
+ * (lle512_finish_f32 / _f16). */
 
 #define LDF(p) _mm512_loadu_ps(p)
 #define LLE_ROWS_F16_BUF 12288
@@ -1068,9 +1060,9 @@ LLE_INLINE float finish_f16(const __m512 *c, const lle_half *x, const lle_half *
         for (int r = 0; r < g; r++) out[(size_t)r * ldo] = FINISH(acc[r], x, (const TW *)(y + r * ys), np, k); \
     }
 
-ROWS_GROUP(group_f32, float, LDF, float, LDF, finish_f32)
-ROWS_GROUP(group_f16, lle_half, LLE512_LDH, lle_half, LLE512_LDH, finish_f16)
-ROWS_GROUP(group_f16f, lle_half, LLE512_LDH, float, LDF, finish_f16)
+ROWS_GROUP(group_f32, float, LDF, float, LDF, lle512_finish_f32)
+ROWS_GROUP(group_f16, lle_half, LLE512_LDH, lle_half, LLE512_LDH, lle512_finish_f16)
+ROWS_GROUP(group_f16f, lle_half, LLE512_LDH, float, LDF, lle512_finish_f16)
 
 /* nr weight rows against n activation rows (av: their vector parts, avs elements apart) */
 #define ROWS_WEIGHTS(GROUP, TW)                                                                              \
