@@ -1001,7 +1001,8 @@ LLE_INLINE void attn_group_n(const lle_attn_args *a, int64_t i, int64_t h0, cons
     if (L == V_GG && ld16 && v_tree(d, jb, jhi + 1)) {
         float *ov[LLE_ATTN_GROUP];
         for (int k = 0; k < nv; k++) ov[k] = a->out + (i * a->n_head + h0 + hv[k]) * d;
-        /* every head or none has a visible cell (positions decide), so nv is nh but for NaN scores */
+        /* every head or none has a visible cell (positions decide), so nv is nh but for NaN scores;
+         * nh is a constant in each attn_group_n instance, so that call's loops are unrolled for it */
         if (nv == nh) v_sum_tree(a, g, (const float *const *)wv, nh, jb, jhi + 1, 1, av, ov);
         else v_sum_tree(a, g, (const float *const *)wv, nv, jb, jhi + 1, 1, av, ov);
         return;
