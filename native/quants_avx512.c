@@ -435,6 +435,7 @@ LLE_INLINE int32_t load_i32(const void *p) {
     return v;
 }
 
+#define LLE_PF_Q4K 4096
 LLE_INLINE void packed_q4_K_nr(const int NR, int k, const uint8_t *pw, int ng, const uint8_t *a, size_t as,
                                int gemm, float *out, size_t ldo) {
     const int nb = k / QK_K;
@@ -446,6 +447,11 @@ LLE_INLINE void packed_q4_K_nr(const int NR, int k, const uint8_t *pw, int ng, c
         for (int r = 0; r < NR; r++) acc[r] = accm[r] = _mm512_setzero_ps();
         for (int b = 0; b < nb; b++) {
             const uint8_t *blk = gw + (size_t)b * LLE_PK_Q4K_BLOCK;
+            /* the lines LLE_PF_Q4K bytes ahead (into the next group at the end of this one): without, the
+             * stream had only the hardware's prefetchers. One thread from memory: 640x2048 22.1 -> 20.6 us
+             * for one row, 37 -> 25 us for four; 640x1024 11.7 -> 11.1, 14.7 -> 11.8 */
+#pragma GCC unroll 37
+            for (int i = 0; i < LLE_PK_Q4K_BLOCK; i += 64) lle_prefetch_weight((const char *)blk + LLE_PF_Q4K + i);
             const __m512 dw = lle512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + LLE_PK_Q4K_D)));
             const __m512 mw = lle512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + LLE_PK_Q4K_DMIN)));
             const block_q8_K *y[4];
