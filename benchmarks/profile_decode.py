@@ -10,7 +10,8 @@ server's continuous batching runs them (row-exact: each row multiplied as a one-
 figures are then per step (N tokens). Reported per token, in milliseconds and as
 a share of the wall time: each op kind inside the fused decoder stack (timed in C by
 ``lle_stack_profile``: the matrix products by weight group, attention, norms, RoPE, K/V stores,
-GLU, residual adds), the stack call's own gaps (thread-pool hand-offs between ops), the output head
+GLU, residual adds; on decode rows over a float cache RoPE and the K/V stores run inside the
+attention job, per KV head, and count as attention), the stack call's own gaps (thread-pool hand-offs between ops), the output head
 (final norm and the vocabulary product) and everything else (Python: the engine, cell bookkeeping,
 embeddings lookup). Timings include the profiler's clock reads (two per op, ~50 ns each).
 """

@@ -357,7 +357,27 @@ typedef struct {
     /* 1: k and v hold exact f32 copies of an f16 cache (read as f32, lle_attention_impl makes them for
      * prefill); kv_f16 still rounds Q and the probabilities to f16. Only with n >= 2 and d % 8 == 0 */
     int kv_wide;
+    /* NULL, or what a one-row problem's cache and Q still need before its attention (lle_attn_prep) */
+    const struct lle_attn_prep *prep;
 } lle_attn_args;
+
+/* A decode row's last steps before its attention, done per KV head by the task that then reads that
+ * head (lle_attention_rows_impl; layer.c's decode steps): RoPE of the row's Q heads of the KV head
+ * (then Q scaling) and of its K head, and the store of that K and V head at the row's cell. The same
+ * operations, element by element, as lle_rope_impl, lle_scale_impl and the stack's store_rows over
+ * the whole row, so the values are theirs; they run in the pool job beside the attention instead of
+ * one thread doing every row's before it. */
+typedef struct lle_attn_prep {
+    const float *table; int n_rot, neox; float q_scale;  /* the row's RoPE table (lle_rope_table_impl) */
+    float *q, *k; const float *v;                        /* the row's Q [n_head][d], K and V [n_kv][d] */
+    void *k_cells, *v_cells; int kv_f16; int64_t cell;   /* cells [cell][n_kv * d], f16 or f32 */
+} lle_attn_prep;
+
+/* the RoPE tables of n rows at positions pos (n x n_rot floats; lle_rope_impl's, kept until the next
+ * call with other parameters or positions; NULL: out of memory or invalid) */
+const float *lle_rope_table_impl(const int *pos, long long n, int n_rot, float freq_base, float freq_scale,
+                                 const float *freq_factors, float attn_factor, float ext_factor, float corr_lo,
+                                 float corr_hi);
 
 /* query heads attn_group takes at once */
 #define LLE_ATTN_GROUP 4

@@ -52,16 +52,21 @@ static float *buf(int i, size_t n) {
     return b->p;
 }
 
-/* room for n one-row attention problems */
-static lle_attn_args *attn_rows(long long n) {
+/* room for n one-row attention problems (and their lle_attn_prep steps, *preps) */
+static lle_attn_args *attn_rows(long long n, lle_attn_prep **preps) {
     static lle_attn_args *rows;
+    static lle_attn_prep *steps;
     static long long cap;
     if (n > cap) {
         lle_attn_args *p = realloc(rows, (size_t)n * sizeof(*p));
         if (!p) return NULL;
         rows = p;
+        lle_attn_prep *q = realloc(steps, (size_t)n * sizeof(*q));
+        if (!q) return NULL;
+        steps = q;
         cap = n;
     }
+    *preps = steps;
     return rows;
 }
 
@@ -176,25 +181,48 @@ static int layer_forward(const lle_layer *L, const lle_layer *next, float *x, lo
     }
     if (L->q_norm) TIMED(P_NORM, rc |= lle_rms_norm_impl(q, L->q_norm, n * L->n_head, hd, L->eps, q));
     if (L->k_norm) TIMED(P_NORM, rc |= lle_rms_norm_impl(k, L->k_norm, n * L->n_kv_head, hd, L->eps, k));
-    TIMED(P_ROPE,
-          rc |= lle_rope_impl(q, pos, n, L->n_head, hd, L->n_rot, L->rope_base, L->rope_scale, L->neox,
-                              L->rope_factors, L->rope_attn_factor, L->rope_ext_factor, L->rope_corr_lo,
-                              L->rope_corr_hi, q);
-          if (L->q_scale != 1.0f) rc |= lle_scale_impl(q, L->q_scale, n * nq, q);
-          rc |= lle_rope_impl(k, pos, n, L->n_kv_head, hd, L->n_rot, L->rope_base, L->rope_scale, L->neox,
-                              L->rope_factors, L->rope_attn_factor, L->rope_ext_factor, L->rope_corr_lo,
-                              L->rope_corr_hi, k));
+    /* decode rows (one per sequence) over float caches: each row's RoPE, Q scaling and K/V stores are
+     * done per KV head in the attention job, by the task that reads that head (lle_attn_prep) */
+    int fused = L->n_rot <= hd;
+    for (int s = 0; s < n_seqs && fused; s++) fused = seq_rows[s + 1] - seq_rows[s] == 1 && kv[s][il].kv_type != KV_Q8_0;
+    const float *rope = NULL;
+    if (fused)  /* NULL (invalid parameters, no memory): the path below says which */
+        fused = (rope = lle_rope_table_impl(pos, n, L->n_rot, L->rope_base, L->rope_scale, L->rope_factors,
+                                            L->rope_attn_factor, L->rope_ext_factor, L->rope_corr_lo,
+                                            L->rope_corr_hi)) != NULL;
+    if (!fused) {
+        TIMED(P_ROPE,
+              rc |= lle_rope_impl(q, pos, n, L->n_head, hd, L->n_rot, L->rope_base, L->rope_scale, L->neox,
+                                  L->rope_factors, L->rope_attn_factor, L->rope_ext_factor, L->rope_corr_lo,
+                                  L->rope_corr_hi, q);
+              if (L->q_scale != 1.0f) rc |= lle_scale_impl(q, L->q_scale, n * nq, q);
+              rc |= lle_rope_impl(k, pos, n, L->n_kv_head, hd, L->n_rot, L->rope_base, L->rope_scale, L->neox,
+                                  L->rope_factors, L->rope_attn_factor, L->rope_ext_factor, L->rope_corr_lo,
+                                  L->rope_corr_hi, k));
+    }
     if (rc) return rc;
     /* one-row attention problems (a decode row, or any row in row-exact mode) over float caches go to
      * one pool job for every sequence and head (lle_attention_rows_impl: the same numbers per row);
      * prompt chunks and q8_0 caches (dequantized per sequence into one buffer) run per sequence */
-    lle_attn_args *one = attn_rows(n);
+    lle_attn_prep *prep = NULL;
+    lle_attn_args *one = attn_rows(n, &prep);
     int n_one = 0;
     if (!one) return -2;
     for (int s = 0; s < n_seqs; s++) {
         const lle_kv *c = &kv[s][il];
         const int r0 = seq_rows[s], ns = seq_rows[s + 1] - r0;
         const void *kc = c->k, *vc = c->v;
+        if (fused) {  /* one row: its cell is cell_start */
+            prep[n_one] = (lle_attn_prep){rope + (size_t)r0 * L->n_rot, L->n_rot, L->neox, L->q_scale,
+                                          q + (size_t)r0 * nq, k + (size_t)r0 * nk, v + (size_t)r0 * nk, c->k, c->v,
+                                          c->kv_type == KV_F16, c->cell_start};
+            one[n_one] = (lle_attn_args){q + (size_t)r0 * nq, 1, L->n_head, hd, kc, vc, c->kv_type == KV_F16,
+                                         c->n_cells, L->n_kv_head, nk, hd, nk, hd, pos + r0, c->pos,
+                                         L->attn_scale, L->window, L->softcap, ao + (size_t)r0 * nq, 0,
+                                         &prep[n_one]};
+            n_one++;
+            continue;
+        }
         TIMED(P_KV_STORE,
               store_rows(c->k, c->k_d, c->kv_type, k + (size_t)r0 * nk, ns, nk, c->cell_start, c->n_first);
               store_rows(c->v, c->v_d, c->kv_type, v + (size_t)r0 * nk, ns, nk, c->cell_start, c->n_first));
@@ -202,7 +230,7 @@ static int layer_forward(const lle_layer *L, const lle_layer *next, float *x, lo
             for (int r = r0; r < r0 + ns; r++)
                 one[n_one++] = (lle_attn_args){q + (size_t)r * nq, 1, L->n_head, hd, kc, vc, c->kv_type == KV_F16,
                                                c->n_cells, L->n_kv_head, nk, hd, nk, hd, pos + r, c->pos,
-                                               L->attn_scale, L->window, L->softcap, ao + (size_t)r * nq, 0};
+                                               L->attn_scale, L->window, L->softcap, ao + (size_t)r * nq, 0, NULL};
             continue;
         }
         if (c->kv_type == KV_Q8_0) {  /* attention reads float32 copies, as the op-by-op path does */

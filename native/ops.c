@@ -336,6 +336,15 @@ int lle_rope_impl(const float *x, const int *pos, long long n, long long n_head,
     return 0;
 }
 
+const float *lle_rope_table_impl(const int *pos, long long n, int n_rot, float freq_base, float freq_scale,
+                                 const float *freq_factors, float attn_factor, float ext_factor, float corr_lo,
+                                 float corr_hi) {
+    if (n_rot <= 0 || n_rot % 2 != 0 || n_rot > 2048 || n < 0 || n > INT_MAX) return NULL;
+    const rope_params p = {n_rot, freq_scale, powf(freq_base, -2.0f / n_rot), attn_factor, ext_factor, corr_lo,
+                           corr_hi, freq_factors};
+    return rope_tables(&p, pos, n);
+}
+
 int lle_rope(const float *x, const int *pos, long long n, long long n_head, long long head_dim,
              int n_rot, float freq_base, float freq_scale, int neox, const float *freq_factors,
              float *out) {
@@ -506,8 +515,38 @@ int lle_attention_impl(const float *q, long long n, long long n_head, long long 
 typedef struct {
     const lle_attn_args *a; int count; int64_t n_head; int nh;
     float *scratch; int64_t scratch_per_thread, per_head;
+    int prep;  /* each task first does its KV head's lle_attn_prep steps (nh is the heads per KV head) */
     lle_chunks tasks;
 } attn_rows_ctx;
+
+/* lle_attn_prep's steps for KV head g of problem a (its query heads, then its K and V) */
+static void attn_prep(const lle_attn_args *a, int64_t g) {
+    const lle_attn_prep *p = a->prep;
+    const int64_t d = a->d, hpg = a->n_head / a->n_kv;
+    for (int64_t h = g * hpg; h < (g + 1) * hpg; h++) {
+        float *q = p->q + h * d;
+        lle_ops->rope_head(q, q, p->table, p->n_rot, p->neox);
+        if (p->q_scale != 1.0f)
+            for (int64_t e = 0; e < d; e++) q[e] = q[e] * p->q_scale;
+    }
+    float *k = p->k + g * d;
+    lle_ops->rope_head(k, k, p->table, p->n_rot, p->neox);
+    const size_t at = (size_t)p->cell * (size_t)(a->n_kv * d) + (size_t)(g * d);
+    if (p->kv_f16) {
+        lle_ops->f32_to_f16(d, k, (lle_half *)p->k_cells + at);
+        lle_ops->f32_to_f16(d, p->v + g * d, (lle_half *)p->v_cells + at);
+    } else {
+        memcpy((float *)p->k_cells + at, k, (size_t)d * sizeof(float));
+        memcpy((float *)p->v_cells + at, p->v + g * d, (size_t)d * sizeof(float));
+    }
+}
+
+/* every problem's lle_attn_prep steps, before any attention (where no task covers exactly one KV head) */
+static void attn_prep_all(const lle_attn_args *a, int count) {
+    for (int i = 0; i < count; i++)
+        if (a[i].prep)
+            for (int64_t g = 0; g < a[i].n_kv; g++) attn_prep(&a[i], g);
+}
 
 static void attn_rows_task(void *vctx, int ith, int nth) {
     (void)nth;
@@ -519,6 +558,7 @@ static void attn_rows_task(void *vctx, int ith, int nth) {
         if (task < 0) break;
         const lle_attn_args *a = &c->a[task / per_problem];
         const int64_t h0 = (task % per_problem) * c->nh;
+        if (c->prep && a->prep) attn_prep(a, h0 / c->nh);  /* c->nh is the heads per KV head */
         if (c->nh == 1) lle_ops->attn_row(a, 0, h0, scratch);
         else lle_ops->attn_group(a, 0, h0, c->nh, scratch, c->per_head);
     }
@@ -668,7 +708,10 @@ static int attn_wide(const lle_attn_args *a, int count) {
 
 int lle_attention_rows_impl(const lle_attn_args *a, int count) {
     if (count <= 0) return 0;
-    if (attn_wide_eligible(a, count)) return attn_wide(a, count);
+    if (attn_wide_eligible(a, count)) {
+        attn_prep_all(a, count);
+        return attn_wide(a, count);
+    }
     int64_t per = 0, work = 0;
     for (int i = 0; i < count; i++) {
         if (a[i].n != 1 || a[i].n_kv <= 0 || a[i].n_head != a[0].n_head || a[i].n_head % a[i].n_kv != 0 ||
@@ -682,7 +725,13 @@ int lle_attention_rows_impl(const lle_attn_args *a, int count) {
     const int nh = attn_heads_per_task(a, count, nth);
     float *scratch = lle_scratch_ops((size_t)(per * nh * nth) * sizeof(float));
     if (!scratch) return -2;
-    attn_rows_ctx c = {a, count, a[0].n_head, nh, scratch, per * nh, per, {.n = 0}};
+    int prep = 0;
+    for (int i = 0; i < count; i++) prep |= a[i].prep != NULL;
+    if (prep && nh != a[0].n_head / a[0].n_kv) {  /* several tasks would read one KV head */
+        attn_prep_all(a, count);
+        prep = 0;
+    }
+    attn_rows_ctx c = {a, count, a[0].n_head, nh, scratch, per * nh, per, prep, {.n = 0}};
     /* one thread below LLE_ATTN_ROWS_POOL_MIN multiply-adds, where the pool round trip costs more than it
      * saves. It was 100k (as lle_attention_impl's), which left the decode attention of one sequence on one
      * thread up to ~170 cells (SmolLM2) and that of 4 sequences up to ~40: measured here (Zen 5, 2 threads,
