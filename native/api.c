@@ -356,6 +356,23 @@ void lle_set_weight_prefetch(int keep) { __atomic_store_n(&lle_weights_cached, k
 
 int lle_weight_prefetch(void) { return __atomic_load_n(&lle_weights_cached, __ATOMIC_RELAXED); }
 
+int lle_kv_prefetch_on = 1;
+
+void lle_set_kv_prefetch(int on) { __atomic_store_n(&lle_kv_prefetch_on, on != 0, __ATOMIC_RELAXED); }
+
+int lle_kv_prefetch(void) { return __atomic_load_n(&lle_kv_prefetch_on, __ATOMIC_RELAXED); }
+
+int lle_cpu_family(void) {
+#if defined(LLE_X86) && defined(__GNUC__)
+    unsigned int a, b, c, d;
+    __asm__ __volatile__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(1), "c"(0));
+    const int base = (int)((a >> 8) & 0xF);
+    return base == 0xF ? base + (int)((a >> 20) & 0xFF) : base;
+#else
+    return 0;
+#endif
+}
+
 long long lle_llc_bytes(void) {
 #if defined(_SC_LEVEL3_CACHE_SIZE)
     const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);

@@ -39,6 +39,7 @@
  *   step read them from memory again (SmolLM2 on a Xeon with 300 MB of L3: 8.4 -> 3.3 ms per token).
  * The branch is on a flag that changes only between products, so it costs no measurable time. */
 extern int lle_weights_cached;
+extern int lle_kv_prefetch_on;  /* lle_set_kv_prefetch */
 #if defined(LLE_X86)
 #include <xmmintrin.h>
 LLE_INLINE void lle_prefetch_weight(const void *p) {

@@ -142,7 +142,7 @@ static void add_bias(float *x, const float *bias, long long n, int d) {
 static void prefetch_next_layer(const lle_layer *next, lle_kv *const *kv, int n_seqs, int il) {
     lle_pf_range r[LLE_BG_MAX_RANGES];
     int n = 0;
-    if (next)
+    if (next && __atomic_load_n(&lle_kv_prefetch_on, __ATOMIC_RELAXED))
         for (int s = 0; s < n_seqs && n + 2 <= LLE_BG_MAX_RANGES; s++) {
             const lle_kv *c = &kv[s][il + 1];
             if (c->kv_type == KV_Q8_0) continue;

@@ -18,6 +18,10 @@ void lle_set_spin_us(int us);                /* how long idle workers spin befor
 void lle_set_weight_prefetch(int keep);
 int lle_weight_prefetch(void);
 long long lle_llc_bytes(void);               /* the last-level cache's bytes as the OS reports them; 0 unknown */
+/* 1 (the default): during a decode step's products, their threads prefetch the next layer's K/V cells */
+void lle_set_kv_prefetch(int on);
+int lle_kv_prefetch(void);
+int lle_cpu_family(void);                    /* x86 CPUID display family (0x19 Zen 3/4, 0x1A Zen 5); 0 elsewhere */
 int lle_act_rounding_mode(void);             /* Q8_0/Q8_1 activation rounding: 0 ref, 1 x86, 2 arm */
 int lle_set_act_rounding(int mode);          /* returns the mode, or -1 if invalid */
 

@@ -1,6 +1,7 @@
 """The prefetch hint of the weight streams (native backend): the policy (``keep_weights_cached``), the
 flag it sets in C as weights come and go, ``LLMEDGE_WEIGHT_PREFETCH``, and that the hint changes
-no value."""
+no value; likewise the decode products' prefetch of the next layer's K/V cells (``kv_prefetch_wanted``,
+``LLMEDGE_KV_PREFETCH``)."""
 
 from __future__ import annotations
 
@@ -102,5 +103,70 @@ def test_the_hint_changes_no_product(smollm2_path: Path) -> None:
                         be.matmul(x[:1], m.model.output)))
     finally:
         native.lib.lle_set_weight_prefetch(was)
+    for a, b in zip(*got):
+        assert np.array_equal(a, b)
+
+
+def fake_family(monkeypatch: pytest.MonkeyPatch, features: int, family: int) -> None:
+    monkeypatch.setattr(native, "lib", SimpleNamespace(lle_cpu_features=lambda: features, lle_cpu_family=lambda: family))
+
+
+def test_kv_prefetch_is_off_by_default_only_on_amd_zen5_and_later(monkeypatch) -> None:
+    monkeypatch.delenv(native.KV_PREFETCH_ENV, raising=False)
+    for features, family, want in ((AMD, 0x19, True), (AMD, 0x1A, False), (AMD, 0x1B, False),
+                                   (INTEL, 0x1A, True), (INTEL, 6, True), (0, 0, True)):
+        fake_family(monkeypatch, features, family)
+        assert native.kv_prefetch_wanted() is want, (features, family)
+
+
+def test_the_environment_forces_the_kv_prefetch_and_rejects_other_values(monkeypatch) -> None:
+    fake_family(monkeypatch, AMD, 0x1A)
+    monkeypatch.setenv(native.KV_PREFETCH_ENV, "ON")
+    assert native.kv_prefetch_wanted()
+    fake_family(monkeypatch, INTEL, 6)
+    monkeypatch.setenv(native.KV_PREFETCH_ENV, "off")
+    assert not native.kv_prefetch_wanted()
+    monkeypatch.setenv(native.KV_PREFETCH_ENV, "yes")
+    with pytest.raises(LlmedgeError, match="LLMEDGE_KV_PREFETCH=yes is not a K/V prefetch mode"):
+        native.kv_prefetch_wanted()
+
+
+def test_a_backend_sets_the_kv_prefetch_flag_in_c(monkeypatch) -> None:
+    was = native.lib.lle_kv_prefetch()
+    try:
+        for mode, want in (("on", 1), ("off", 0)):
+            monkeypatch.setenv(native.KV_PREFETCH_ENV, mode)
+            native.NativeBackend(native.lib.lle_n_threads())  # the pool keeps its size
+            assert native.lib.lle_kv_prefetch() == want
+    finally:
+        native.lib.lle_set_kv_prefetch(was)
+
+
+def test_the_kv_prefetch_changes_no_logit(smollm2_path: Path) -> None:
+    """Prefetches are hints: 4 sequences decoded in one step, and one alone, give the same bits either way."""
+    import llmedge
+    from llmedge.models.base import Batch
+
+    m = llmedge.load(str(smollm2_path), backend="native", n_ctx=128)
+    eng = m.engine
+    was = native.lib.lle_kv_prefetch()
+    got = []
+    try:
+        for on in (1, 0):
+            native.lib.lle_set_kv_prefetch(on)
+            caches = [eng.new_cache() for _ in range(4)]
+            for i, c in enumerate(caches):
+                eng.forward(c, [1, 2, 3 + i, 4, 5 + i])
+            steps = []
+            for k in range(3):
+                batches = [Batch(np.array([7 + i + k]), np.array([c.offset]), c, np.array([0]), row_exact=True)
+                           for i, c in enumerate(caches)]
+                steps.append(np.concatenate(eng._forward_batches(batches)))
+                for i, c in enumerate(caches):
+                    c.tokens.append(7 + i + k)
+            steps.append(eng.forward(caches[0], [9]))
+            got.append(steps)
+    finally:
+        native.lib.lle_set_kv_prefetch(was)
     for a, b in zip(*got):
         assert np.array_equal(a, b)
