@@ -116,6 +116,17 @@ void *lle_scratch_kv(size_t bytes) { return scratch_get(&g_scratch_kv, bytes); }
 
 /* ---------------------------------------------------------------- CPU features */
 
+#if defined(LLE_X86) && defined(__GNUC__)
+typedef struct { unsigned int eax, ecx; } cpuid_leaf1;
+
+/* CPUID leaf 1: EAX (family, model, stepping), ECX (feature bits) */
+static cpuid_leaf1 cpuid1(void) {
+    unsigned int a, b, c, d;
+    __asm__ __volatile__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(1), "c"(0));
+    return (cpuid_leaf1){a, c};
+}
+#endif
+
 static int detect_cpu(void) {
     int f = 0;
 #if defined(LLE_X86) && defined(__GNUC__)
@@ -132,12 +143,8 @@ static int detect_cpu(void) {
 #if defined(__clang__) || __GNUC__ >= 10
     if (__builtin_cpu_supports("avx512bf16")) f |= LLE_CPU_AVX512BF16;
 #endif
-    {
-        /* F16C: CPUID.1:ECX bit 29 (no __builtin_cpu_supports name in older compilers) */
-        unsigned int a, b, c, d;
-        __asm__ __volatile__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(1), "c"(0));
-        if (c & (1u << 29)) f |= LLE_CPU_F16C;
-    }
+    /* F16C: CPUID.1:ECX bit 29 (no __builtin_cpu_supports name in older compilers) */
+    if (cpuid1().ecx & (1u << 29)) f |= LLE_CPU_F16C;
 #elif defined(LLE_ARM64)
     f |= LLE_CPU_NEON;
 #if defined(__linux__)
@@ -364,8 +371,7 @@ int lle_kv_prefetch(void) { return __atomic_load_n(&lle_kv_prefetch_on, __ATOMIC
 
 int lle_cpu_family(void) {
 #if defined(LLE_X86) && defined(__GNUC__)
-    unsigned int a, b, c, d;
-    __asm__ __volatile__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(1), "c"(0));
+    const unsigned int a = cpuid1().eax;
     const int base = (int)((a >> 8) & 0xF);
     return base == 0xF ? base + (int)((a >> 20) & 0xFF) : base;
 #else

@@ -184,7 +184,8 @@ static int layer_forward(const lle_layer *L, const lle_layer *next, float *x, lo
     /* decode rows (one per sequence) over float caches: each row's RoPE, Q scaling and K/V stores are
      * done per KV head in the attention job, by the task that reads that head (lle_attn_prep) */
     int fused = L->n_rot <= hd;
-    for (int s = 0; s < n_seqs && fused; s++) fused = seq_rows[s + 1] - seq_rows[s] == 1 && kv[s][il].kv_type != KV_Q8_0;
+    for (int s = 0; s < n_seqs && fused; s++)
+        fused = seq_rows[s + 1] - seq_rows[s] == 1 && kv[s][il].kv_type != KV_Q8_0;
     const float *rope = NULL;
     if (fused)  /* NULL (invalid parameters, no memory): the path below says which */
         fused = (rope = lle_rope_table_impl(pos, n, L->n_rot, L->rope_base, L->rope_scale, L->rope_factors,
