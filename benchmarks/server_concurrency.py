@@ -15,7 +15,11 @@ stream's greedy text must equal that prompt's text generated alone (the run stop
 ``--lookup NGRAM`` a second server speculates (prompt lookup), its rounds interleaved with the plain
 one's, and the ratio of their N-stream aggregate rates is printed (the issue: at least 1.0). The
 machine's load average is printed with each round: other processes competing for the cores distort
-the figures, so repeat on a quiet machine.
+the figures, so repeat on a quiet machine. Each round also prints this client's own CPU time per token:
+on a machine with few cores the client competes with the server's compute threads for them. With
+``--engine`` the same prompts are then decoded in this process by the engine alone (``Engine.step``
+over 1 and N generations, steps alternated, no HTTP, no client), the ceiling the server's ratio is
+measured against.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -121,23 +126,30 @@ def cpu_seconds(pid: int) -> float:
         return 0.0
 
 
+def own_cpu() -> float:
+    """User + system CPU seconds of this (the client's) process."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def round_trip(label: str, url: str, pid: int, args: argparse.Namespace, solo: list[str]) -> float:
     """One stream, then ``args.streams`` concurrent ones (stream i with prompt i); every stream's text must
     be its prompt's text alone (``solo``). Returns the aggregate end-to-end rate of the concurrent streams."""
-    c0 = cpu_seconds(pid)
+    c0, own0 = cpu_seconds(pid), own_cpu()
     first = one_stream(url, args.model, args.tokens, prompt(0))
     n1, t1 = first[0], first[1]
-    cpu1 = cpu_seconds(pid) - c0
+    cpu1, own1 = cpu_seconds(pid) - c0, own_cpu() - own0
     single, single_decode = n1 / t1, decode_rate([first])
     print(f"{label}1 stream : {n1} tokens in {t1:.2f} s = {single:.1f} tok/s end to end, {single_decode:.1f} tok/s "
-          f"decode; server CPU {cpu1:.2f} s (load average {loadavg()})")
+          f"decode; server CPU {cpu1:.2f} s, client CPU {1e6 * own1 / max(n1, 1):.0f} us per token "
+          f"(load average {loadavg()})")
     steps0 = metric(url, "llmedge_engine_steps_total")
     seqs0 = metric(url, "llmedge_engine_sequence_steps_total")
-    t0, c0 = time.perf_counter(), cpu_seconds(pid)
+    t0, c0, own0 = time.perf_counter(), cpu_seconds(pid), own_cpu()
     with ThreadPoolExecutor(args.streams) as ex:
         results = list(ex.map(lambda i: one_stream(url, args.model, args.tokens, prompt(i)), range(args.streams)))
     wall = time.perf_counter() - t0
-    cpu = cpu_seconds(pid) - c0
+    cpu, own = cpu_seconds(pid) - c0, own_cpu() - own0
     steps = metric(url, "llmedge_engine_steps_total") - steps0
     batch = (metric(url, "llmedge_engine_sequence_steps_total") - seqs0) / max(steps, 1)
     total = sum(r[0] for r in results)
@@ -147,10 +159,51 @@ def round_trip(label: str, url: str, pid: int, args: argparse.Namespace, solo: l
           f"({agg / single:.2f}x one stream), {agg_decode:.1f} tok/s decode "
           f"({agg_decode / single_decode:.2f}x); mean batch {batch:.2f}; server CPU {cpu:.2f} s, tokens "
           f"per CPU second {(total / cpu if cpu else 0) / (n1 / cpu1 if cpu1 else 1):.2f}x one stream's; "
-          f"{same}/{args.streams + 1} texts equal their prompt's text alone (load average {loadavg()})")
+          f"client CPU {1e6 * own / max(total, 1):.0f} us per token; {same}/{args.streams + 1} texts equal their prompt's text alone (load average {loadavg()})")
     if same != args.streams + 1:
         raise SystemExit("a stream's greedy text differs from its text alone")
     return agg
+
+
+def engine_ceiling(args: argparse.Namespace, solo: list[str]) -> None:
+    """The engine alone on the same prompts, in this process (after the servers stopped): per round, one
+    generation stepped to its end, then ``args.streams`` stepped together, the per-step times' medians
+    and their ratio (N x one step / N-sequence step), and every text checked against the server's."""
+    import numpy as np
+
+    import llmedge
+    from llmedge.sampling import Sampler, SamplingOptions
+
+    eng = llmedge.load(args.model, n_ctx=512).engine
+    pool = eng.slot_pool(args.streams)
+
+    def steps(n: int) -> tuple[float, list[str]]:
+        gens, slots, times = [], [], []
+        for i in range(n):
+            ids = eng.tokenizer.encode(prompt(i))
+            slots.append(pool.acquire(ids))
+            gens.append(eng.begin(ids, Sampler(SamplingOptions(temperature=0)), args.tokens,
+                                  cache=pool.cache(slots[-1])))
+        texts = [""] * n
+        while not all(g.done for g in gens):
+            t0 = time.perf_counter()
+            out = eng.step(gens)
+            times.append(time.perf_counter() - t0)
+            for i, chunks in enumerate(out):
+                texts[i] += "".join(c.text for c in chunks)
+        for s in slots:
+            pool.release(s)
+        return float(np.median(times[-(args.tokens - 8):])), texts  # decode steps (not the prompts')
+
+    for _ in range(args.repeat):
+        one, t1 = steps(1)
+        many, tn = steps(args.streams)
+        same = (t1[0] == solo[0]) + sum(t == solo[i] for i, t in enumerate(tn))
+        print(f"engine alone: 1 sequence {1e3 * one:.3f} ms per step, {args.streams} sequences {1e3 * many:.3f} ms "
+              f"per step = {args.streams * one / many:.2f}x one sequence's rate; {same}/{args.streams + 1} texts "
+              f"equal the server's")
+        if same != args.streams + 1:
+            raise SystemExit("a text of the engine alone differs from the server's")
 
 
 def main() -> None:
@@ -163,6 +216,8 @@ def main() -> None:
     ap.add_argument("--lookup", type=int, default=0, metavar="NGRAM",
                     help="also a server with --lookup=NGRAM (prompt lookup speculation), its rounds interleaved "
                          "with the plain server's, and the ratio of their N-stream rates")
+    ap.add_argument("--engine", action="store_true",
+                    help="then the engine alone in this process (no HTTP, no client): the ratio's ceiling")
     args = ap.parse_args()
 
     servers = [("", *start(args.streams, []))]
@@ -206,6 +261,8 @@ def main() -> None:
                 proc.wait(15)
             except subprocess.TimeoutExpired:
                 proc.kill()
+    if args.engine:
+        engine_ceiling(args, solo)
 
 
 if __name__ == "__main__":
