@@ -264,6 +264,14 @@ def test_get_rows_equals_reference_dequantization(be: NativeBackend, isa: str, t
     assert np.array_equal(out.view(np.uint32), ref.astype(np.float32).view(np.uint32))
     with pytest.raises(IndexError):
         be.get_rows(w, np.array([37]))
+    with pytest.raises(IndexError):
+        be.get_rows(w, np.array([3, -1]))
+    many = np.arange(100, dtype=np.int32) % m  # more ids than check_row_ids' short-list path takes
+    assert np.array_equal(be.get_rows(w, many).view(np.uint32),
+                          dequantize(raw[many], t, (len(many), k)).astype(np.float32).view(np.uint32))
+    many[60] = m
+    with pytest.raises(IndexError):
+        be.get_rows(w, many)
 
 
 # ----------------------------------------------------------------------------- matmul
