@@ -89,6 +89,10 @@ class Step:
 
     def output_rows(self) -> np.ndarray | None:
         """Rows (of the whole step) whose logits are returned; None: all of them."""
+        if self.n_rows == len(self.batches) and all(
+                b.output_rows is None or (len(b.output_rows) == 1 and int(b.output_rows[0]) in (0, -1))
+                for b in self.batches):
+            return None  # decode rows: one row per batch, each its batch's output row (no gather, no copy)
         if len(self.batches) == 1:
             return self.batches[0].output_rows
         rows = []

@@ -17,7 +17,7 @@ from llmedge.backends.numpy_ref import NumpyBackend, gelu_tanh, silu
 from llmedge.engine import PrefixCache
 from llmedge.errors import LlmedgeError
 from llmedge.kvcache import LayerState, SequenceState
-from llmedge.models.base import Batch
+from llmedge.models.base import Batch, Step
 from llmedge.sampling import Sampler, SamplingOptions
 
 TEXTS = Path(__file__).parent / "fixtures" / "texts"
@@ -771,3 +771,17 @@ def test_generating_after_a_forward_interrupted_past_its_cells_gives_the_same_to
     assert [c.token for c in m.generate(prompt, **options)] == want
     layers = m.engine.cache.layers
     assert all(layer.used == len(m.engine.cache.tokens) for layer in layers)
+
+
+def test_step_output_rows_of_decode_rows_are_every_row() -> None:
+    """One row per batch, each its batch's output row (decode rows): None (every row, no gather);
+    any prompt chunk among them, or a batch without its row, keeps the explicit rows."""
+    def batch(n: int, rows: list[int] | None) -> Batch:
+        return Batch(np.arange(n), np.arange(n), None, None if rows is None else np.array(rows))  # type: ignore[arg-type]
+
+    assert Step([batch(1, [0])]).output_rows() is None
+    assert Step([batch(1, [0]), batch(1, [-1]), batch(1, None)]).output_rows() is None
+    assert Step([batch(1, [0]), batch(1, [0])]).split(np.zeros((2, 3)))[1].shape == (1, 3)
+    assert np.array_equal(Step([batch(1, [0]), batch(3, [2])]).output_rows(), [0, 3])
+    assert np.array_equal(Step([batch(1, []), batch(1, [0])]).output_rows(), [1])
+    assert np.array_equal(Step([batch(4, [3])]).output_rows(), [3])
