@@ -323,14 +323,27 @@ static void rope_rows(void *vctx, int64_t r0, int64_t r1) {
     }
 }
 
+/* the RoPE tables of n rows at positions pos (rope_tables); NULL: invalid parameters (*rc -1) or no
+ * memory (*rc -2) */
+static const float *rope_tables_for(const int *pos, long long n, int n_rot, float freq_base, float freq_scale,
+                                    const float *freq_factors, float attn_factor, float ext_factor, float corr_lo,
+                                    float corr_hi, int *rc) {
+    *rc = -1;
+    if (n_rot % 2 != 0 || n_rot > 2048 || n < 0 || n > INT_MAX) return NULL;
+    const rope_params p = {n_rot, freq_scale, powf(freq_base, -2.0f / n_rot), attn_factor, ext_factor, corr_lo,
+                           corr_hi, freq_factors};
+    *rc = -2;
+    return rope_tables(&p, pos, n);
+}
+
 int lle_rope_impl(const float *x, const int *pos, long long n, long long n_head, long long head_dim,
              int n_rot, float freq_base, float freq_scale, int neox, const float *freq_factors,
              float attn_factor, float ext_factor, float corr_lo, float corr_hi, float *out) {
-    if (n_rot > head_dim || n_rot % 2 != 0 || n_rot > 2048 || n < 0 || n > INT_MAX) return -1;
-    const rope_params p = {n_rot, freq_scale, powf(freq_base, -2.0f / n_rot), attn_factor, ext_factor, corr_lo,
-                           corr_hi, freq_factors};
-    const float *tables = rope_tables(&p, pos, n);
-    if (!tables) return -2;
+    if (n_rot > head_dim) return -1;
+    int rc;
+    const float *tables = rope_tables_for(pos, n, n_rot, freq_base, freq_scale, freq_factors, attn_factor,
+                                          ext_factor, corr_lo, corr_hi, &rc);
+    if (!tables) return rc;
     rope_ctx c = {x, n_head, head_dim, n_rot, neox, tables, out};
     parallel_rows(rope_rows, &c, n, n_head * head_dim * 8);
     return 0;
@@ -339,10 +352,10 @@ int lle_rope_impl(const float *x, const int *pos, long long n, long long n_head,
 const float *lle_rope_table_impl(const int *pos, long long n, int n_rot, float freq_base, float freq_scale,
                                  const float *freq_factors, float attn_factor, float ext_factor, float corr_lo,
                                  float corr_hi) {
-    if (n_rot <= 0 || n_rot % 2 != 0 || n_rot > 2048 || n < 0 || n > INT_MAX) return NULL;
-    const rope_params p = {n_rot, freq_scale, powf(freq_base, -2.0f / n_rot), attn_factor, ext_factor, corr_lo,
-                           corr_hi, freq_factors};
-    return rope_tables(&p, pos, n);
+    int rc;
+    if (n_rot <= 0) return NULL;
+    return rope_tables_for(pos, n, n_rot, freq_base, freq_scale, freq_factors, attn_factor, ext_factor, corr_lo,
+                           corr_hi, &rc);
 }
 
 int lle_rope(const float *x, const int *pos, long long n, long long n_head, long long head_dim,
@@ -713,10 +726,12 @@ int lle_attention_rows_impl(const lle_attn_args *a, int count) {
         return attn_wide(a, count);
     }
     int64_t per = 0, work = 0;
+    int prep = 0;  /* some problem still needs its lle_attn_prep steps */
     for (int i = 0; i < count; i++) {
         if (a[i].n != 1 || a[i].n_kv <= 0 || a[i].n_head != a[0].n_head || a[i].n_head % a[i].n_kv != 0 ||
             a[i].d <= 0 || a[i].t < 0 || a[i].kv_wide)
             return -1;
+        prep |= a[i].prep != NULL;
         const int64_t f = (lle_attn_scratch_floats(a[i].t, a[i].d) + 15) & ~(int64_t)15;
         per = f > per ? f : per;
         work += a[i].n_head * a[i].t * a[i].d;
@@ -725,8 +740,6 @@ int lle_attention_rows_impl(const lle_attn_args *a, int count) {
     const int nh = attn_heads_per_task(a, count, nth);
     float *scratch = lle_scratch_ops((size_t)(per * nh * nth) * sizeof(float));
     if (!scratch) return -2;
-    int prep = 0;
-    for (int i = 0; i < count; i++) prep |= a[i].prep != NULL;
     if (prep && nh != a[0].n_head / a[0].n_kv) {  /* several tasks would read one KV head */
         attn_prep_all(a, count);
         prep = 0;
