@@ -2,7 +2,7 @@
 and how fast a disconnected client's slot frees, against a real ``llmedge serve`` process on loopback.
 
     python benchmarks/server_concurrency.py [--model smollm2:135m] [--tokens 128] [--streams 4] [--repeat 3]
-                                            [--lookup NGRAM]
+                                            [--lookup NGRAM] [--client raw|httpx] [--engine]
 
 Prints the single-stream rate and the aggregate rate of N streams, end to end (wall clock from the first
 request to the last token, prompts and HTTP included) and decode only (Ollama's eval rate: tokens over
@@ -16,7 +16,10 @@ stream's greedy text must equal that prompt's text generated alone (the run stop
 one's, and the ratio of their N-stream aggregate rates is printed (the issue: at least 1.0). The
 machine's load average is printed with each round: other processes competing for the cores distort
 the figures, so repeat on a quiet machine. Each round also prints this client's own CPU time per token:
-on a machine with few cores the client competes with the server's compute threads for them. With
+on a machine with few cores the client competes with the server's compute threads for them, so the rounds'
+requests go through a plain HTTP/1.1 socket by default (``--client raw``: the response read as it comes and
+parsed after its last byte, about 30 us of CPU per token here) rather than httpx's line iterator
+(``--client httpx``, about 100 us); both read the same bytes from the same server. With
 ``--engine`` the same prompts are then decoded in this process by the engine alone (``Engine.step``
 over 1 and N generations, steps alternated, no HTTP, no client), the ceiling the server's ratio is
 measured against.
@@ -91,6 +94,51 @@ def one_stream(url: str, model: str, tokens: int, text: str = PROMPT) -> tuple[i
     return int(final.get("eval_count", 0)), t1 - t0, final.get("eval_duration", 0) / 1e9, t1, "".join(parts)
 
 
+def raw_stream(url: str, model: str, tokens: int, text: str = PROMPT) -> tuple[int, float, float, float, str]:
+    """``one_stream`` over a plain HTTP/1.1 socket: the request, then the response's bytes as they come,
+    parsed (chunked encoding, NDJSON) only after the last one. A load generator that costs little CPU per
+    token: on a machine with few cores this client competes with the server's compute threads, and httpx's
+    line iterator spends about three times as much per streamed token."""
+    host, _, port = url.removeprefix("http://").partition(":")
+    payload = json.dumps({"model": model, "prompt": text, "raw": True, "stream": True,
+                          "options": {"num_predict": tokens, "temperature": 0}}).encode()
+    request = (f"POST /api/generate HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n").encode() + payload
+    t0 = time.perf_counter()
+    t1, parts = t0, []
+    with socket.create_connection((host, int(port)), timeout=600) as s:
+        s.sendall(request)
+        while data := s.recv(65536):
+            t1 = time.perf_counter()
+            parts.append(data)
+    head, _, body = b"".join(parts).partition(b"\r\n\r\n")
+    status = head.split(b"\r\n", 1)[0]
+    if b" 200 " not in status + b" ":
+        raise SystemExit(f"the server answered {status.decode(errors='replace')}: {body[:300]!r}")
+    if b"transfer-encoding: chunked" in head.lower():
+        body = dechunk(body)
+    final, texts = {}, []
+    for line in body.splitlines():
+        if line:
+            final = json.loads(line)
+            texts.append(final.get("response", ""))
+    return int(final.get("eval_count", 0)), t1 - t0, final.get("eval_duration", 0) / 1e9, t1, "".join(texts)
+
+
+def dechunk(body: bytes) -> bytes:
+    """The payload of an HTTP/1.1 chunked body."""
+    out, i = bytearray(), 0
+    while True:
+        j = body.index(b"\r\n", i)
+        n = int(body[i:j].split(b";")[0], 16)
+        if n == 0:
+            return bytes(out)
+        out += body[j + 2 : j + 2 + n]
+        i = j + 2 + n + 2
+
+
+CLIENTS = {"raw": raw_stream, "httpx": one_stream}
+
 Result = tuple[int, float, float, float, str]
 
 
@@ -135,8 +183,9 @@ def own_cpu() -> float:
 def round_trip(label: str, url: str, pid: int, args: argparse.Namespace, solo: list[str]) -> float:
     """One stream, then ``args.streams`` concurrent ones (stream i with prompt i); every stream's text must
     be its prompt's text alone (``solo``). Returns the aggregate end-to-end rate of the concurrent streams."""
+    stream = CLIENTS[args.client]
     c0, own0 = cpu_seconds(pid), own_cpu()
-    first = one_stream(url, args.model, args.tokens, prompt(0))
+    first = stream(url, args.model, args.tokens, prompt(0))
     n1, t1 = first[0], first[1]
     cpu1, own1 = cpu_seconds(pid) - c0, own_cpu() - own0
     single, single_decode = n1 / t1, decode_rate([first])
@@ -147,7 +196,7 @@ def round_trip(label: str, url: str, pid: int, args: argparse.Namespace, solo: l
     seqs0 = metric(url, "llmedge_engine_sequence_steps_total")
     t0, c0, own0 = time.perf_counter(), cpu_seconds(pid), own_cpu()
     with ThreadPoolExecutor(args.streams) as ex:
-        results = list(ex.map(lambda i: one_stream(url, args.model, args.tokens, prompt(i)), range(args.streams)))
+        results = list(ex.map(lambda i: stream(url, args.model, args.tokens, prompt(i)), range(args.streams)))
     wall = time.perf_counter() - t0
     cpu, own = cpu_seconds(pid) - c0, own_cpu() - own0
     steps = metric(url, "llmedge_engine_steps_total") - steps0
@@ -216,6 +265,9 @@ def main() -> None:
     ap.add_argument("--lookup", type=int, default=0, metavar="NGRAM",
                     help="also a server with --lookup=NGRAM (prompt lookup speculation), its rounds interleaved "
                          "with the plain server's, and the ratio of their N-stream rates")
+    ap.add_argument("--client", choices=sorted(CLIENTS), default="raw",
+                    help="the rounds' HTTP client: raw (a plain socket, parsed after the last byte; default) or "
+                         "httpx (its streaming line iterator, as an application would read)")
     ap.add_argument("--engine", action="store_true",
                     help="then the engine alone in this process (no HTTP, no client): the ratio's ceiling")
     args = ap.parse_args()
