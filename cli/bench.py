@@ -1,4 +1,5 @@
-"""``llmedge bench``: llama-bench's command line (``-p -n -d -r -t -b -ub -o``) over :mod:`llmedge.bench`."""
+"""``llmedge bench``: llama-bench's command line (``-p -n -d -r -t -b -ub -o``, and llama-batched-bench's
+parallel sequences ``-np``) over :mod:`llmedge.bench`."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ def bench(
     = "128",
     n_depth: Annotated[str, typer.Option(
         "-d", "--n-depth", help="Tokens already in the cache when a test starts (list: 0,2048).")] = "0",
+    n_parallel: Annotated[str, typer.Option(
+        "-np", "--n-parallel", help="Sequences decoded together in each tg test (list: 1,4): tgN xP reports "
+                                    "their aggregate t/s.")] = "1",
     repetitions: Annotated[int, typer.Option("-r", "--repetitions", help="Timed runs of each test.")] = 5,
     threads: Annotated[str | None, typer.Option(
         "-t", "--threads", help="Thread counts (list: 1,2; default: physical cores).")] = None,
@@ -39,7 +43,7 @@ def bench(
         "--speculative", help="Instead: greedy decode rate on copy-heavy tasks, plain vs --lookup (and "
                               "--draft-model), with accepted tokens per forward. Its prompts are fixed: it takes "
                               "one -n and one -t value, -r, --backend, -o and --progress, and refuses the rest "
-                              "(-p, -d, -b, -ub, --compare, --no-warmup, --rss-probe).")] = False,
+                              "(-p, -d, -np, -b, -ub, --compare, --no-warmup, --rss-probe).")] = False,
     draft_model: Annotated[str | None, typer.Option("--draft-model", help="With --speculative: a draft model.")]
     = None,
     context: typer.Context = None,
@@ -71,6 +75,7 @@ def bench(
         return
     params = BenchParams(
         n_prompt=parse_int_list(n_prompt, "-p"), n_gen=parse_int_list(n_gen, "-n"), n_depth=parse_int_list(n_depth, "-d"),
+        n_parallel=parse_int_list(n_parallel, "-np"),
         n_threads=parse_int_list(threads, "-t") if threads else [], n_batch=batch_size, n_ubatch=ubatch_size,
         reps=repetitions, backend=backend, warmup=warmup, compare=compare, rss_probe=rss_probe)
 
@@ -84,7 +89,7 @@ def bench(
 
 
 # the llama-bench options the speculative test has no use for: its prompts and batches are its own
-_NOT_SPECULATIVE = {"n_prompt": "-p", "n_depth": "-d", "batch_size": "-b", "ubatch_size": "-ub",
+_NOT_SPECULATIVE = {"n_prompt": "-p", "n_depth": "-d", "n_parallel": "-np", "batch_size": "-b", "ubatch_size": "-ub",
                     "compare": "--compare", "warmup": "--warmup/--no-warmup",
                     "rss_probe": "--rss-probe/--no-rss-probe"}
 

@@ -4,7 +4,10 @@ with llama.cpp (through llama-cpp-python) in the same process.
 What it owns: the prompt-processing test (``ppN``: N random token ids evaluated as one prompt in
 ``n_batch`` chunks, on an empty cache), the generation test (``tgN``: after an empty cache, N
 single-token decode steps starting from BOS), either at a depth (llama-bench's ``-d``: ``tg128 @ d2048``
-runs after 2048 random tokens were evaluated, untimed, in the cache), the warm-up runs, mean and sample standard deviation
+runs after 2048 random tokens were evaluated, untimed, in the cache), the parallel generation test
+(``-np``, llama-batched-bench's parallel sequences: ``tg128 x4`` decodes 4 sequences together, each
+with its own cache and its own tokens, one token per sequence per step, and reports their aggregate
+tokens per second; each is filled to the depth first, untimed), the warm-up runs, mean and sample standard deviation
 exactly as llama-bench computes them, the records with llama-bench's field names, and the
 ``md``/``json``/``jsonl``/``csv`` printers. A :class:`Runner` is one runtime under test: llmedge
 (:class:`LlmedgeRunner`, through ``llmedge.load`` and ``engine.forward``) or llama.cpp
@@ -44,6 +47,7 @@ import numpy as np
 from llmedge.errors import LlmedgeError
 
 OUTPUT_FORMATS = ("md", "json", "jsonl", "csv")
+MAX_PARALLEL = 64  # sequences of a parallel generation test (-np)
 COMPARE_TARGETS = ("llama.cpp",)
 
 # llama-bench's record fields, in its order (tools/llama-bench/llama-bench.cpp, test::get_fields)
@@ -60,7 +64,7 @@ LLAMA_BENCH_FIELDS = (
 )
 # what llmedge adds after them
 EXTRA_FIELDS = ("runtime", "isa", "load_ns", "compile_ns", "first_call_ns", "warmup_ns", "peak_rss_bytes", "ratio",
-                "load_avg")
+                "load_avg", "n_parallel")
 _BOOL_FIELDS = {"cpu_strict", "no_kv_offload", "embeddings", "no_host"}
 
 # llama.cpp's llama_ftype names (llama_model_ftype_name), keyed by general.file_type
@@ -87,11 +91,13 @@ _SWITCH_PAUSE_S = 0.02
 @dataclass(frozen=True)
 class BenchTest:
     """One llama-bench test: ``n_prompt`` tokens as a prompt, or ``n_gen`` single-token decodes, after
-    ``n_depth`` tokens already in the cache (evaluated before the clock starts)."""
+    ``n_depth`` tokens already in the cache (evaluated before the clock starts); a generation test of
+    ``n_parallel`` sequences decodes them together, one token of each per step."""
 
     n_prompt: int = 0
     n_gen: int = 0
     n_depth: int = 0
+    n_parallel: int = 1
 
     @property
     def name(self) -> str:
@@ -101,15 +107,19 @@ class BenchTest:
             name = f"tg{self.n_gen}"
         else:
             name = f"pp{self.n_prompt}+tg{self.n_gen}"
+        if self.n_parallel > 1:
+            name += f" x{self.n_parallel}"
         return f"{name} @ d{self.n_depth}" if self.n_depth else name
 
     @property
     def n_ctx(self) -> int:
+        """Cells of each sequence's cache."""
         return self.n_depth + self.n_prompt + self.n_gen
 
     @property
     def n_tokens(self) -> int:
-        return self.n_prompt + self.n_gen
+        """Tokens a repetition evaluates in its timed part (every sequence's)."""
+        return self.n_prompt + self.n_gen * self.n_parallel
 
 
 @dataclass
@@ -119,6 +129,7 @@ class BenchParams:
     n_prompt: list[int] = field(default_factory=lambda: [512])
     n_gen: list[int] = field(default_factory=lambda: [128])
     n_depth: list[int] = field(default_factory=lambda: [0])
+    n_parallel: list[int] = field(default_factory=lambda: [1])  # sequences decoded together (tg tests)
     n_threads: list[int] = field(default_factory=list)  # empty: physical cores
     n_batch: int = 2048
     n_ubatch: int = 512
@@ -132,9 +143,10 @@ class BenchParams:
 
     def tests(self) -> list[BenchTest]:
         """llama-bench's order: every prompt test, then every generation test (zeros skipped), each
-        at every depth."""
+        at every depth; a generation test once per ``n_parallel`` value."""
         return [BenchTest(n_prompt=p, n_depth=d) for p in self.n_prompt if p > 0 for d in self.n_depth] + \
-               [BenchTest(n_gen=g, n_depth=d) for g in self.n_gen if g > 0 for d in self.n_depth]
+               [BenchTest(n_gen=g, n_depth=d, n_parallel=k) for g in self.n_gen if g > 0 for k in self.n_parallel
+                for d in self.n_depth]
 
     def validate(self) -> None:
         if self.reps < 1:
@@ -145,6 +157,8 @@ class BenchParams:
             raise LlmedgeError("thread counts (-t) must be at least 1")
         if any(n < 0 for n in self.n_prompt + self.n_gen + self.n_depth):
             raise LlmedgeError("token counts (-p, -n, -d) cannot be negative")
+        if not self.n_parallel or any(k < 1 or k > MAX_PARALLEL for k in self.n_parallel):
+            raise LlmedgeError(f"parallel sequences (-np) must be from 1 to {MAX_PARALLEL}")
         if not self.n_depth:
             raise LlmedgeError("no depth to run at: give -d at least one value (0: an empty cache)")
         if not self.tests():
@@ -276,7 +290,7 @@ class BenchResult:
             "runtime": i.runtime, "isa": i.isa, "load_ns": i.load_ns, "compile_ns": i.compile_ns,
             "first_call_ns": i.first_call_ns,
             "warmup_ns": self.warmup_ns, "peak_rss_bytes": i.peak_rss_bytes, "ratio": self.ratio,
-            "load_avg": self.load_avg,
+            "load_avg": self.load_avg, "n_parallel": self.test.n_parallel,
         }
         assert tuple(rec) == LLAMA_BENCH_FIELDS + EXTRA_FIELDS
         return rec
@@ -334,15 +348,20 @@ class Runner(Protocol):
         ...
 
     def begin(self, test: BenchTest, n_batch: int, n_ubatch: int) -> None:
-        """Make the context (cache) a test runs in: ``test.n_ctx`` cells."""
+        """Make the context (cache) a test runs in: ``test.n_ctx`` cells for each of its ``n_parallel``
+        sequences."""
         ...
 
     def clear(self) -> None:
-        """Empty the context's KV cache."""
+        """Empty the context's KV cache (every sequence's)."""
         ...
 
-    def decode(self, tokens: np.ndarray) -> None:
-        """Evaluate ``tokens`` (at most ``n_batch``) after what the cache holds; wait for the result."""
+    def decode(self, tokens: np.ndarray, seq: int = 0) -> None:
+        """Evaluate ``tokens`` (at most ``n_batch``) after what sequence ``seq`` holds; wait for the result."""
+        ...
+
+    def decode_parallel(self, tokens: np.ndarray) -> None:
+        """One step of every sequence: ``tokens[s]`` after what sequence ``s`` holds, in one batch."""
         ...
 
     def end(self) -> None:
@@ -391,7 +410,7 @@ class LlmedgeRunner:
             build_commit=f"llmedge-{llmedge.__version__}", isa=str(getattr(be, "isa", "") or ""),
             n_threads=int(getattr(be, "n_threads", n_threads or 0) or 0), load_ns=load_ns,
             compile_ns=int(1e9 * float(getattr(be, "compile_seconds", 0.0) or 0.0)))
-        self.cache = None
+        self.caches: list[Any] = []
 
     def first_call(self) -> int:
         cache = self.model.model.make_cache(8, self.kv_type, 8)
@@ -403,19 +422,23 @@ class LlmedgeRunner:
     def begin(self, test: BenchTest, n_batch: int, n_ubatch: int) -> None:
         chunk = max(1, min(n_batch, n_ubatch))
         self.model.engine.n_batch = chunk  # the physical batch: engine.forward evaluates in chunks of this
-        self.cache = self.model.model.make_cache(test.n_ctx, self.kv_type, chunk)
+        self.caches = [self.model.model.make_cache(test.n_ctx, self.kv_type, chunk) for _ in range(test.n_parallel)]
 
     def clear(self) -> None:
-        self.cache.clear()
+        for c in self.caches:
+            c.clear()
 
-    def decode(self, tokens: np.ndarray) -> None:
-        self.model.engine.forward(self.cache, tokens.tolist())
+    def decode(self, tokens: np.ndarray, seq: int = 0) -> None:
+        self.model.engine.forward(self.caches[seq], tokens.tolist())
+
+    def decode_parallel(self, tokens: np.ndarray) -> None:
+        self.model.engine.forward_parallel(self.caches, tokens.tolist())
 
     def end(self) -> None:
-        self.cache = None
+        self.caches = []
 
     def close(self) -> None:
-        self.cache = None
+        self.caches = []
         self.model = None
 
 
@@ -432,7 +455,10 @@ class LlamaCppRunner:
     """llama.cpp through llama-cpp-python's C API, at its best CPU settings (flash attention on).
 
     Tests run as llama-bench runs them: a context of ``n_prompt + n_gen`` cells per test,
-    ``llama_memory_clear`` before every repetition, ``llama_decode`` of ``llama_batch_get_one``.
+    ``llama_memory_clear`` before every repetition, ``llama_decode`` of ``llama_batch_get_one``. A
+    parallel test runs as llama-batched-bench's: a context of that many cells per sequence
+    (``n_seq_max`` sequences), each step one ``llama_batch`` of one token per sequence, every row's
+    logits asked for.
     """
 
     def __init__(self, path: str | os.PathLike[str], n_threads: int, flash_attn: bool = True) -> None:
@@ -463,11 +489,13 @@ class LlamaCppRunner:
             build_commit=f"llama-cpp-python-{getattr(L, '__version__', '?')}",
             flash_attn=1 if flash_attn else 0, isa=_llama_cpp_isa(L), n_threads=n_threads, load_ns=load_ns)
         self.ctx = None
+        self.batch: Any = None
 
-    def _new_context(self, n_ctx: int, n_batch: int, n_ubatch: int) -> Any:
+    def _new_context(self, n_ctx: int, n_batch: int, n_ubatch: int, n_seq: int = 1) -> Any:
         L = self.L
         cp = L.llama_context_default_params()
-        cp.n_ctx = n_ctx
+        cp.n_ctx = n_ctx * n_seq  # split evenly between the sequences (llama.cpp's per-sequence KV)
+        cp.n_seq_max = n_seq
         cp.n_batch = n_batch
         cp.n_ubatch = n_ubatch
         cp.n_threads = cp.n_threads_batch = self.n_threads
@@ -491,11 +519,16 @@ class LlamaCppRunner:
             self.L.llama_free(ctx)
 
     def begin(self, test: BenchTest, n_batch: int, n_ubatch: int) -> None:
-        self.ctx = self._new_context(test.n_ctx, n_batch, n_ubatch)
+        self.n_seq = test.n_parallel
+        self.ctx = self._new_context(test.n_ctx, n_batch, n_ubatch, self.n_seq)
         self.mem = self.L.llama_get_memory(self.ctx)
+        if self.n_seq > 1:
+            self.batch = self.L.llama_batch_init(max(n_batch, self.n_seq), 0, 1)
+        self.pos = [0] * self.n_seq
 
     def clear(self) -> None:
         self.L.llama_memory_clear(self.mem, False)
+        self.pos = [0] * self.n_seq
 
     def _decode(self, ctx: Any, arr: Any, n: int) -> None:
         rc = self.L.llama_decode(ctx, self.L.llama_batch_get_one(arr, n))
@@ -503,11 +536,37 @@ class LlamaCppRunner:
             raise LlmedgeError(f"llama_decode failed (code {rc})")
         self.L.llama_synchronize(ctx)
 
-    def decode(self, tokens: np.ndarray) -> None:
+    def decode(self, tokens: np.ndarray, seq: int = 0) -> None:
         n = len(tokens)
-        self._decode(self.ctx, (self.L.llama_token * n)(*tokens.tolist()), n)
+        if self.n_seq == 1:
+            self._decode(self.ctx, (self.L.llama_token * n)(*tokens.tolist()), n)
+        else:
+            self._decode_rows([(int(t), seq) for t in tokens], last_only=True)
+
+    def decode_parallel(self, tokens: np.ndarray) -> None:
+        self._decode_rows([(int(t), s) for s, t in enumerate(tokens)], last_only=False)
+
+    def _decode_rows(self, rows: list[tuple[int, int]], last_only: bool) -> None:
+        """One ``llama_batch`` of (token, sequence) rows at each sequence's next position; logits of its
+        last row (a prompt chunk) or of every row (a parallel step)."""
+        b = self.batch
+        for i, (tok, seq) in enumerate(rows):
+            b.token[i] = tok
+            b.pos[i] = self.pos[seq]
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = seq
+            b.logits[i] = not last_only or i == len(rows) - 1
+            self.pos[seq] += 1
+        b.n_tokens = len(rows)
+        rc = self.L.llama_decode(self.ctx, b)
+        if rc != 0:
+            raise LlmedgeError(f"llama_decode failed (code {rc})")
+        self.L.llama_synchronize(self.ctx)
 
     def end(self) -> None:
+        if self.batch is not None:
+            self.L.llama_batch_free(self.batch)
+        self.batch = None
         if self.ctx:
             self.L.llama_free(self.ctx)
         self.ctx = None
@@ -542,10 +601,13 @@ def prompt_tokens(rng: np.random.Generator, n: int, n_vocab: int, bos: int | Non
     return ids
 
 
-def run_prompt(runner: Runner, tokens: np.ndarray, n_batch: int) -> None:
-    """llama-bench ``test_prompt``: the prompt in chunks of ``n_batch`` tokens."""
+def run_prompt(runner: Runner, tokens: np.ndarray, n_batch: int, seq: int = 0) -> None:
+    """llama-bench ``test_prompt``: the prompt in chunks of ``n_batch`` tokens (into sequence ``seq``)."""
     for start in range(0, len(tokens), n_batch):
-        runner.decode(tokens[start : start + n_batch])
+        if seq:
+            runner.decode(tokens[start : start + n_batch], seq)
+        else:
+            runner.decode(tokens[start : start + n_batch])
 
 
 def run_gen(runner: Runner, tokens: np.ndarray) -> None:
@@ -554,10 +616,25 @@ def run_gen(runner: Runner, tokens: np.ndarray) -> None:
         runner.decode(tokens[i : i + 1])
 
 
+def run_parallel_gen(runner: Runner, tokens: np.ndarray) -> None:
+    """llama-batched-bench's generation: one decode call per step, one token of each sequence
+    (``tokens`` is [steps, sequences])."""
+    for row in tokens:
+        runner.decode_parallel(row)
+
+
 def _run_once(runner: Runner, test: BenchTest, tokens: np.ndarray, n_batch: int) -> int:
     """One timed repetition on a cleared cache (filled to the test's depth untimed, as llama-bench);
     wall time in ns."""
     runner.clear()
+    if test.n_parallel > 1:  # every sequence filled to the depth, then the steps (tokens: _test_tokens')
+        k, d = test.n_parallel, test.n_depth
+        for s in range(k if d else 0):
+            run_prompt(runner, tokens[s * d : (s + 1) * d], n_batch, s)
+        gc.collect()
+        t0 = time.perf_counter_ns()
+        run_parallel_gen(runner, tokens[k * d :].reshape(test.n_gen, k))
+        return time.perf_counter_ns() - t0
     if test.n_depth:
         run_prompt(runner, tokens[: test.n_depth], n_batch)
         tokens = tokens[test.n_depth :]
@@ -571,7 +648,15 @@ def _run_once(runner: Runner, test: BenchTest, tokens: np.ndarray, n_batch: int)
 
 
 def _test_tokens(rng: np.random.Generator, test: BenchTest, n_vocab: int, bos: int | None) -> np.ndarray:
-    """The depth's tokens, the prompt's, then the generation's: BOS (when the model adds one) first."""
+    """The depth's tokens, the prompt's, then the generation's: BOS (when the model adds one) first. A
+    parallel test's: each sequence's depth (its own, BOS first), then the steps' tokens, step by step."""
+    if test.n_parallel > 1:
+        k = test.n_parallel
+        depths = [prompt_tokens(rng, test.n_depth, n_vocab, bos) for _ in range(k)] if test.n_depth else []
+        gen = prompt_tokens(rng, test.n_gen * k, n_vocab, None)
+        if not depths and bos is not None:
+            gen[:k] = bos  # each sequence starts from BOS, as a one-sequence tg test
+        return np.concatenate([*depths, gen])
     parts = []
     for n in (test.n_depth, test.n_prompt, test.n_gen):
         if n:
@@ -604,7 +689,8 @@ def run_tests(runners: Sequence[Runner], tests: Sequence[BenchTest], params: Ben
                 for r, row in zip(runners, rows):
                     say(f"test {ti + 1}/{len(tests)} {test.name}: {r.info.runtime} warm-up")
                     # llama-bench: the whole prompt test, or one generation step (at no depth)
-                    warm = BenchTest(n_prompt=test.n_prompt) if test.n_prompt else BenchTest(n_gen=1)
+                    warm = BenchTest(n_prompt=test.n_prompt) if test.n_prompt else \
+                        BenchTest(n_gen=1, n_parallel=test.n_parallel)
                     row.warmup_ns = _run_once(r, warm, _test_tokens(rng, warm, n_vocab, bos), params.n_batch)
                     time.sleep(_SWITCH_PAUSE_S)
             for rep in range(params.reps):
@@ -690,7 +776,8 @@ def probe_peak_rss(kind: str, model_path: str, params: BenchParams, n_threads: i
     """Peak RSS of a fresh process that loads ``kind`` and runs every test once (same context sizes)."""
     spec = {"kind": kind, "model": model_path, "n_threads": n_threads, "backend": params.backend,
             "kv_type": params.kv_type, "n_batch": params.n_batch, "n_ubatch": params.n_ubatch,
-            "n_prompt": params.n_prompt, "n_gen": params.n_gen, "n_depth": params.n_depth, "seed": params.seed}
+            "n_prompt": params.n_prompt, "n_gen": params.n_gen, "n_depth": params.n_depth, "seed": params.seed,
+            "n_parallel": params.n_parallel}
     env = dict(os.environ)
     extra = [str(Path(sys.modules[m].__file__).resolve().parent.parent)
              for m in ("llama_cpp", "llmedge") if m in sys.modules and getattr(sys.modules[m], "__file__", None)]
@@ -709,7 +796,8 @@ def probe_peak_rss(kind: str, model_path: str, params: BenchParams, n_threads: i
 
 def _probe_main(spec_json: str) -> None:
     spec = json.loads(spec_json)
-    params = BenchParams(n_prompt=spec["n_prompt"], n_gen=spec["n_gen"], n_depth=spec["n_depth"], n_batch=spec["n_batch"],
+    params = BenchParams(n_prompt=spec["n_prompt"], n_gen=spec["n_gen"], n_depth=spec["n_depth"],
+                         n_parallel=spec.get("n_parallel", [1]), n_batch=spec["n_batch"],
                          n_ubatch=spec["n_ubatch"], reps=1, backend=spec["backend"], kv_type=spec["kv_type"],
                          warmup=False, seed=spec["seed"])
     tests = params.tests()

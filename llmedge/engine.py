@@ -458,6 +458,33 @@ class Engine:
                 out[:] = logits
         return out
 
+    def forward_parallel(self, caches: Sequence[SequenceCache], ids: Sequence[int]) -> np.ndarray:
+        """One decode step of several sequences: ``ids[i]`` evaluated after what ``caches[i]`` holds, in
+        one batched forward (every weight read once for all of them), each row's numbers what they would be
+        decoded alone, as :meth:`step` batches decoding generations. Logits ``[len(ids), n_vocab]``."""
+        if len(caches) != len(ids) or not ids:
+            raise LlmedgeError(f"{len(ids)} token ids for {len(caches)} sequences: give one id per sequence")
+        if len({id(c) for c in caches}) != len(caches):
+            raise LlmedgeError("a sequence's cache appears twice: each row needs a cache of its own")
+        n_vocab = self.model.params.n_vocab
+        for t in ids:
+            if not 0 <= t < n_vocab:
+                raise LlmedgeError(f"token id {t} is out of range for a vocabulary of {n_vocab}")
+        exact = len(ids) > 1 and getattr(self.model, "row_exact_batches", False)
+        batches = [Batch(np.array([t], dtype=np.int64), np.array([c.offset], dtype=np.int64), c, np.array([0]),
+                         row_exact=exact) for c, t in zip(caches, ids)]
+        with RUN_LOCK:
+            try:
+                logits = self._forward_batches(batches)
+            except BaseException:
+                for c in caches:
+                    forget_unrecorded(c)
+                raise
+            for c, t in zip(caches, ids):
+                c.tokens.append(int(t))
+            self.n_evaluated += len(ids)
+        return np.concatenate(logits)
+
     def logits(self, ids: Sequence[int], first_row: int = 0) -> np.ndarray:
         """Logits at every position of ``ids`` from ``first_row`` on, in a fresh context (nothing
         cached is reused)."""

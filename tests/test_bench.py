@@ -133,6 +133,15 @@ def test_other_backend_and_batch_size_show_in_the_record(smollm2_path: Path) -> 
     assert recs[0]["n_prompt"] == 4 and len(recs[0]["samples_ns"]) == 1 and recs[0]["warmup_ns"] == 0
 
 
+def test_parallel_sequences_run_through_the_cli(smollm2_path: Path) -> None:
+    recs = json.loads(_bench(str(smollm2_path), "-p", "0", "-n", "4", "-np", "1,3", "-r", "1", "-t", "2",
+                             "--backend", "native", "-o", "json"))
+    assert [(r["n_gen"], r["n_parallel"]) for r in recs] == [(4, 1), (4, 3)]
+    assert all(r["avg_ts"] > 0 and len(r["samples_ns"]) == 1 for r in recs)
+    out = _bench(str(smollm2_path), "-p", "0", "-n", "2", "-np", "2", "-r", "1", "--backend", "native")
+    assert re.search(r"\| +tg2 x2 \|", out)
+
+
 def test_compare_without_llama_cpp_is_a_one_line_error(smollm2_path: Path, monkeypatch, capsys) -> None:
     from llmedge.cli import main as cli_main
 
@@ -170,13 +179,16 @@ class Recorder:
         return 1
 
     def begin(self, test: BenchTest, n_batch: int, n_ubatch: int) -> None:
-        self.log.append((self.info.runtime, "begin", test.n_ctx))
+        self.log.append((self.info.runtime, "begin", test.n_ctx) + ((test.n_parallel,) if test.n_parallel > 1 else ()))
 
     def clear(self) -> None:
         self.log.append((self.info.runtime, "clear"))
 
-    def decode(self, tokens: np.ndarray) -> None:
-        self.log.append((self.info.runtime, "decode", tuple(int(t) for t in tokens)))
+    def decode(self, tokens: np.ndarray, seq: int = 0) -> None:
+        self.log.append((self.info.runtime, "decode", tuple(int(t) for t in tokens)) + ((seq,) if seq else ()))
+
+    def decode_parallel(self, tokens: np.ndarray) -> None:
+        self.log.append((self.info.runtime, "step", tuple(int(t) for t in tokens)))
 
     def end(self) -> None:
         self.log.append((self.info.runtime, "end"))
@@ -233,8 +245,8 @@ def test_generation_test_decodes_one_token_at_a_time_and_order_alternates() -> N
 class SlowPrompts(Recorder):
     """A runner whose multi-token decodes (a prompt or a depth) take 0.3 s."""
 
-    def decode(self, tokens: np.ndarray) -> None:
-        super().decode(tokens)
+    def decode(self, tokens: np.ndarray, seq: int = 0) -> None:
+        super().decode(tokens, seq)
         if len(tokens) > 1:
             time.sleep(0.3)
 
@@ -261,6 +273,53 @@ def test_depth_fills_the_cache_untimed_before_each_repetition() -> None:
     assert rows[1].avg_ts > 0
     with pytest.raises(LlmedgeError, match="-d"):
         BenchParams(n_depth=[-1]).validate()
+
+
+def test_parallel_generation_steps_every_sequence_after_its_own_depth() -> None:
+    """-np (llama-batched-bench's parallel sequences): a tg test per value; each repetition clears every
+    sequence, fills each to the depth with its own tokens (BOS first, in batch chunks, untimed), then
+    decodes one token of every sequence per step; both runtimes see the same ids; t/s counts every
+    sequence's tokens; the name and record carry the count."""
+    log: list = []
+    params = BenchParams(n_prompt=[4], n_gen=[3], n_depth=[0, 5], n_parallel=[1, 2], n_batch=4, reps=2)
+    tests = params.tests()
+    assert [t.name for t in tests] == ["pp4", "pp4 @ d5", "tg3", "tg3 @ d5", "tg3 x2", "tg3 x2 @ d5"]
+    assert [t.n_tokens for t in tests] == [4, 4, 3, 3, 6, 6]
+    a, b = SlowPrompts("llmedge", log), Recorder("llama.cpp", log)
+    rows = run_tests([a, b], tests[-1:], params)
+    assert log[:2] == [("llmedge", "begin", 8, 2), ("llama.cpp", "begin", 8, 2)]
+    runs = {name: [] for name in ("llmedge", "llama.cpp")}
+    for entry in log:
+        if entry[1] == "clear":
+            runs[entry[0]].append([])
+        elif entry[1] in ("decode", "step"):
+            runs[entry[0]][-1].append(entry[1:])
+    warm, *timed = runs["llmedge"]
+    assert [e[0] for e in warm] == ["step"] and len(warm[0][1]) == 2  # warm-up: one step, no depth
+    assert len(timed) == 2 and runs["llama.cpp"][1:] == timed  # the same ids for both runtimes
+    for run in timed:
+        depth = [e for e in run if e[0] == "decode"]
+        steps = [e[1] for e in run if e[0] == "step"]
+        assert [(len(e[1]), e[2] if len(e) > 2 else 0) for e in depth] == [(4, 0), (1, 0), (4, 1), (1, 1)]
+        assert depth[0][1][0] == depth[2][1][0] == 1  # BOS opens each sequence's depth
+        assert depth[0][1] + depth[1][1] != depth[2][1] + depth[3][1]  # each sequence its own tokens
+        assert run[:4] == [tuple(e) for e in depth] and len(steps) == 3 and all(len(t) == 2 for t in steps)
+    assert timed[0] != timed[1]  # fresh ids each repetition
+    # the depth's slow prompts are outside the clock; t/s counts both sequences' tokens
+    assert all(ns < 0.25e9 for ns in rows[0].samples_ns)
+    assert rows[0].samples_ts == pytest.approx([6e9 / ns for ns in rows[0].samples_ns])
+    assert rows[0].fields()["n_parallel"] == 2 and rows[0].fields()["n_gen"] == 3
+    for bad in ([0], [], [65]):
+        with pytest.raises(LlmedgeError, match="-np"):
+            BenchParams(n_parallel=bad).validate()
+
+
+def test_parallel_generation_without_depth_starts_each_sequence_from_bos() -> None:
+    log: list = []
+    params = BenchParams(n_prompt=[], n_gen=[2], n_parallel=[3], reps=1, warmup=False)
+    run_tests([Recorder("llmedge", log)], params.tests(), params)
+    steps = [e[2] for e in log if e[1] == "step"]
+    assert len(steps) == 2 and steps[0] == (1, 1, 1) and all(0 <= t < 1000 for t in steps[1])
 
 
 def test_no_warmup_and_no_bos() -> None:
@@ -330,7 +389,7 @@ def test_speculative_test_refuses_what_it_cannot_run(smollm2_path: Path, args: l
 
 
 @pytest.mark.parametrize(("args", "flag"), [
-    (["-p", "64"], "-p"), (["-d", "128"], "-d"), (["-p", "512"], "-p"), (["-b", "64"], "-b"), (["-ub", "64"], "-ub"),
+    (["-p", "64"], "-p"), (["-d", "128"], "-d"), (["-np", "4"], "-np"), (["-p", "512"], "-p"), (["-b", "64"], "-b"), (["-ub", "64"], "-ub"),
     (["--compare", "llama.cpp"], "--compare"), (["--no-warmup"], "--warmup/--no-warmup"),
     (["--no-rss-probe"], "--rss-probe/--no-rss-probe"),
 ])

@@ -468,6 +468,31 @@ def test_several_decoding_sequences_get_the_logits_they_get_alone_bitwise(fast_m
         pool.release(i)
 
 
+def test_forward_parallel_gives_each_sequence_its_logits_alone_and_refuses_bad_input(fast_models) -> None:
+    """Engine.forward_parallel (llmedge bench -np): one token of each of three sequences in one forward
+    equals each decoded alone in a cache of the same prompt, bit for bit on the native stack; the caches
+    and the engine's count advance by one each; a bad call changes nothing."""
+    m = fast_models["smollm2"]
+    e = m.engine
+    prompts = [m.prompt_ids(p) for p in ("Hi", "Tell me a story.", "What is 2 + 2?")]
+    together, alone = [m.model.make_cache(64) for _ in prompts], [m.model.make_cache(64) for _ in prompts]
+    for a, b, ids in zip(together, alone, prompts):
+        e.forward(a, ids)
+        e.forward(b, ids)
+    n0 = e.n_evaluated
+    logits = e.forward_parallel(together, [11, 22, 33])
+    assert logits.shape == (3, m.params.n_vocab) and e.n_evaluated == n0 + 3
+    solo = np.concatenate([e.forward(c, [t]) for c, t in zip(alone, [11, 22, 33])])
+    assert np.array_equal(logits, solo) if FAST == "native" else np.allclose(logits, solo, atol=1e-3)
+    assert [c.tokens[-1] for c in together] == [11, 22, 33] and [c.offset for c in together] == \
+        [len(ids) + 1 for ids in prompts]
+    for caches, ids, message in ((together, [1, 2], "3 sequences"), (together[:1] * 2, [1, 2], "twice"),
+                                 (together, [1, 2, m.params.n_vocab], "out of range")):
+        with pytest.raises(LlmedgeError, match=message):
+            e.forward_parallel(caches, ids)
+    assert [c.offset for c in together] == [len(ids) + 1 for ids in prompts]
+
+
 def test_a_failing_sampler_ends_only_its_own_sequence(fast_models) -> None:
     m = fast_models["smollm2"]
     e = m.engine
