@@ -13,7 +13,8 @@ with how well the backend's matrix products reuse each weight across rows; the i
 >= 3.0 for 4 streams on smollm2:135m. Stream i has its own prompt (a count from i + 1), and every
 stream's greedy text must equal that prompt's text generated alone (the run stops otherwise). With
 ``--lookup NGRAM`` a second server speculates (prompt lookup), its rounds interleaved with the plain
-one's, and the ratio of their N-stream aggregate rates is printed (the issue: at least 1.0). The
+one's (which goes first alternates from round to round), and the ratio of their N-stream aggregate
+rates is printed (the issue: at least 1.0). The
 machine's load average is printed with each round: other processes competing for the cores distort
 the figures, so repeat on a quiet machine. Each round also prints this client's own CPU time per token:
 on a machine with few cores the client competes with the server's compute threads for them, so the rounds'
@@ -285,8 +286,13 @@ def main() -> None:
             solo = solo or texts
             if texts != solo:
                 raise SystemExit(f"{label}a text alone differs from the plain server's")
-        for _ in range(args.repeat):
-            rates = [round_trip(label, url, proc.pid, args, solo) for label, url, proc in servers]
+        for k in range(args.repeat):
+            # with two servers, which goes first alternates (A B, B A, ...): the machine's speed drifts
+            order = list(range(len(servers))) if k % 2 == 0 else list(range(len(servers)))[::-1]
+            rates = [0.0] * len(servers)
+            for i in order:
+                label, url, proc = servers[i]
+                rates[i] = round_trip(label, url, proc.pid, args, solo)
             if len(rates) > 1:
                 print(f"{servers[1][0]}{args.streams}-stream aggregate {rates[1] / rates[0]:.2f}x the plain server's")
 
