@@ -588,12 +588,14 @@ class Engine:
         return Generation(self, cache if cache is not None else self.cache, ids, sampler, max_tokens, stop,
                           shift, n_keep, spec)
 
-    def step(self, gens: Sequence[Generation], prompt_rows: int | None = None) -> list[list[Chunk]]:
+    def step(self, gens: Sequence[Generation], prompt_rows: int | None = None,
+             speculate: bool = True) -> list[list[Chunk]]:
         """Advance every unfinished generation in ``gens`` by one step: one batched forward over each
         decoding one's last sampled token (every weight read once for all of them), and the next prompt
         chunk (``n_batch`` tokens or the rest) of the others, in order, while they fit in ``prompt_rows``
         (default ``n_batch``; the first one always). Generations with speculation draft only when the
-        step has at most :data:`SPECULATE_MAX_SEQUENCES` unfinished sequences. Returns, per generation,
+        step has at most :data:`SPECULATE_MAX_SEQUENCES` unfinished sequences, and ``speculate`` (a server
+        passes False while a request waits to join: it would wait for the verify rows). Returns, per generation,
         the chunks it produced (none while its prompt is still being evaluated, at most one otherwise). A sampling error ends
         only its own generation (``error`` set); an error of the forward itself is raised.
 
@@ -605,7 +607,7 @@ class Engine:
         out: list[list[Chunk]] = [[] for _ in gens]
         decode: list[tuple[int, Generation, list[int]]] = []
         prompts: list[tuple[int, Generation, list[int]]] = []
-        speculate = sum(not g.done for g in gens) <= SPECULATE_MAX_SEQUENCES
+        speculate = speculate and sum(not g.done for g in gens) <= SPECULATE_MAX_SEQUENCES
         for i, g in enumerate(gens):
             if g.done:
                 continue

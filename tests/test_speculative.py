@@ -68,6 +68,33 @@ def test_lookup_gives_the_plain_greedy_tokens(models: dict[str, Model], name: st
     assert extra["draft_accepted"] > 0  # the drafts were verified, not skipped
 
 
+def test_a_step_told_not_to_speculate_decodes_one_token_and_counts_it_batched(models: dict[str, Model]) -> None:
+    """Engine.step(speculate=False), what the server passes while a request waits to join: a lone
+    generation with lookup verifies no draft in that step (one token, counted in draft_batched_steps),
+    drafts again in the next, and its text is the plain one."""
+    from llmedge.sampling import Sampler, SamplingOptions
+    from llmedge.speculative import SpecConfig
+
+    m = models["smollm2"]
+    plain, _ = greedy(m, COPY_PROMPT, 40)
+    e = m.engine
+    gen = e.begin(m.prompt_ids(COPY_PROMPT), Sampler(SamplingOptions(temperature=0)), 40, cache=e.new_cache(),
+                  spec=SpecConfig(lookup=3))
+    tokens, held = [], 0
+    while not gen.decoding:  # the prompt's last step samples the first token
+        tokens += [c.token for c in e.step([gen])[0]]
+    while not gen.done:
+        hold = len(tokens) <= 20
+        chunks = e.step([gen], speculate=not hold)[0]
+        tokens += [c.token for c in chunks]
+        if hold:
+            assert len(chunks) == 1  # one token: nothing drafted
+            held += 1
+    assert gen.timings.extra["draft_batched_steps"] == held
+    assert gen.timings.extra["draft_accepted"] > 0  # it drafted once allowed
+    assert tokens == plain
+
+
 def test_lookup_through_context_shifts_gives_the_plain_tokens(model_paths: dict[str, Path]) -> None:
     probe = Model(model_paths["smollm2"], n_ctx=512)
     prompt = probe.prompt_ids(COPY_PROMPT)
