@@ -426,11 +426,16 @@ class Engine:
         with RUN_LOCK:
             return self._forward(cache, ids, all_logits, first_row)
 
-    def _forward(self, cache: SequenceCache, ids: Sequence[int], all_logits: bool, first_row: int) -> np.ndarray:
+    def _check_ids(self, ids: Sequence[int]) -> None:
+        """Every id names a token of the model's vocabulary."""
         n_vocab = self.model.params.n_vocab
         for t in ids:
             if not 0 <= t < n_vocab:
                 raise LlmedgeError(f"token id {t} is out of range for a vocabulary of {n_vocab}")
+
+    def _forward(self, cache: SequenceCache, ids: Sequence[int], all_logits: bool, first_row: int) -> np.ndarray:
+        self._check_ids(ids)
+        n_vocab = self.model.params.n_vocab
         if all_logits and ids and not 0 <= first_row < len(ids):
             raise LlmedgeError(f"first_row {first_row} is outside the {len(ids)} positions evaluated")
         first_row = first_row if all_logits else 0
@@ -466,10 +471,7 @@ class Engine:
             raise LlmedgeError(f"{len(ids)} token ids for {len(caches)} sequences: give one id per sequence")
         if len({id(c) for c in caches}) != len(caches):
             raise LlmedgeError("a sequence's cache appears twice: each row needs a cache of its own")
-        n_vocab = self.model.params.n_vocab
-        for t in ids:
-            if not 0 <= t < n_vocab:
-                raise LlmedgeError(f"token id {t} is out of range for a vocabulary of {n_vocab}")
+        self._check_ids(ids)
         exact = len(ids) > 1 and getattr(self.model, "row_exact_batches", False)
         batches = [Batch(np.array([t], dtype=np.int64), np.array([c.offset], dtype=np.int64), c, np.array([0]),
                          row_exact=exact) for c, t in zip(caches, ids)]
@@ -511,10 +513,7 @@ class Engine:
             raise LlmedgeError("the prompt is empty")
         if len(ids) > n_ctx:
             raise LlmedgeError(f"the prompt has {len(ids)} tokens, more than the context of {n_ctx}")
-        n_vocab = self.model.params.n_vocab
-        for t in ids:
-            if not 0 <= t < n_vocab:
-                raise LlmedgeError(f"token id {t} is out of range for a vocabulary of {n_vocab}")
+        self._check_ids(ids)
 
     def reuse_prefix(self, cache: SequenceCache, ids: Sequence[int]) -> int:
         """Prepare ``cache`` to evaluate ``ids``: keep its longest usable common prefix, or load a longer
