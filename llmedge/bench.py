@@ -489,7 +489,9 @@ class LlamaCppRunner:
             build_commit=f"llama-cpp-python-{getattr(L, '__version__', '?')}",
             flash_attn=1 if flash_attn else 0, isa=_llama_cpp_isa(L), n_threads=n_threads, load_ns=load_ns)
         self.ctx = None
-        self.batch: Any = None
+        self.batch: Any = None  # a parallel test's llama_batch
+        self.n_seq = 1
+        self.pos = [0]  # each sequence's next position (a parallel test's batches name them)
 
     def _new_context(self, n_ctx: int, n_batch: int, n_ubatch: int, n_seq: int = 1) -> Any:
         L = self.L
@@ -604,10 +606,7 @@ def prompt_tokens(rng: np.random.Generator, n: int, n_vocab: int, bos: int | Non
 def run_prompt(runner: Runner, tokens: np.ndarray, n_batch: int, seq: int = 0) -> None:
     """llama-bench ``test_prompt``: the prompt in chunks of ``n_batch`` tokens (into sequence ``seq``)."""
     for start in range(0, len(tokens), n_batch):
-        if seq:
-            runner.decode(tokens[start : start + n_batch], seq)
-        else:
-            runner.decode(tokens[start : start + n_batch])
+        runner.decode(tokens[start : start + n_batch], seq)
 
 
 def run_gen(runner: Runner, tokens: np.ndarray) -> None:
