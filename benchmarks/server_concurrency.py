@@ -37,6 +37,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -78,21 +79,31 @@ def start(parallel: int, extra: list[str]) -> tuple[str, subprocess.Popen[bytes]
             time.sleep(0.1)
 
 
-def one_stream(url: str, model: str, tokens: int, text: str = PROMPT) -> tuple[int, float, float, float, str]:
-    """Stream one generation: (eval_count, seconds end to end, the server's eval_duration in seconds, end
-    time, the text)."""
-    body = {"model": model, "prompt": text, "raw": True, "stream": True,
+def request_body(model: str, tokens: int, text: str) -> dict:
+    """One greedy streamed generation of ``tokens`` tokens after the raw prompt ``text``."""
+    return {"model": model, "prompt": text, "raw": True, "stream": True,
             "options": {"num_predict": tokens, "temperature": 0}}
-    t0 = time.perf_counter()
+
+
+def stream_result(lines: Iterable[bytes | str], t0: float, t1: float | None = None) -> tuple[int, float, float, float, str]:
+    """(eval_count, seconds end to end, the server's eval_duration in seconds, end time, the text) of a
+    generation's NDJSON ``lines`` (parsed as they come when they are an iterator), sent at ``t0`` and ended
+    at ``t1`` (default: once the last line is read)."""
     final, parts = {}, []
-    with CLIENT.stream("POST", url + "/api/generate", json=body) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if line:
-                final = json.loads(line)
-                parts.append(final.get("response", ""))
-    t1 = time.perf_counter()
+    for line in lines:
+        if line:
+            final = json.loads(line)
+            parts.append(final.get("response", ""))
+    t1 = time.perf_counter() if t1 is None else t1
     return int(final.get("eval_count", 0)), t1 - t0, final.get("eval_duration", 0) / 1e9, t1, "".join(parts)
+
+
+def one_stream(url: str, model: str, tokens: int, text: str = PROMPT) -> tuple[int, float, float, float, str]:
+    """Stream one generation with httpx, its lines parsed as they come."""
+    t0 = time.perf_counter()
+    with CLIENT.stream("POST", url + "/api/generate", json=request_body(model, tokens, text)) as r:
+        r.raise_for_status()
+        return stream_result(r.iter_lines(), t0)
 
 
 def raw_stream(url: str, model: str, tokens: int, text: str = PROMPT) -> tuple[int, float, float, float, str]:
@@ -101,8 +112,7 @@ def raw_stream(url: str, model: str, tokens: int, text: str = PROMPT) -> tuple[i
     token: on a machine with few cores this client competes with the server's compute threads, and httpx's
     line iterator spends about three times as much per streamed token."""
     host, _, port = url.removeprefix("http://").partition(":")
-    payload = json.dumps({"model": model, "prompt": text, "raw": True, "stream": True,
-                          "options": {"num_predict": tokens, "temperature": 0}}).encode()
+    payload = json.dumps(request_body(model, tokens, text)).encode()
     request = (f"POST /api/generate HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
                f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n").encode() + payload
     t0 = time.perf_counter()
@@ -118,12 +128,7 @@ def raw_stream(url: str, model: str, tokens: int, text: str = PROMPT) -> tuple[i
         raise SystemExit(f"the server answered {status.decode(errors='replace')}: {body[:300]!r}")
     if b"transfer-encoding: chunked" in head.lower():
         body = dechunk(body)
-    final, texts = {}, []
-    for line in body.splitlines():
-        if line:
-            final = json.loads(line)
-            texts.append(final.get("response", ""))
-    return int(final.get("eval_count", 0)), t1 - t0, final.get("eval_duration", 0) / 1e9, t1, "".join(texts)
+    return stream_result(body.splitlines(), t0, t1)
 
 
 def dechunk(body: bytes) -> bytes:
