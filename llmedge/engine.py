@@ -601,7 +601,10 @@ class Engine:
         Each prompt chunk is its own forward, apart from the decoding rows: the kernels a matrix product
         picks depend on its row count, so this keeps every request's numbers what they would be alone
         (fixed chunk boundaries; decode rows only ever batched with other decode rows, row-exact when
-        there are several: each row multiplied as a one-row decode, bit for bit)."""
+        there are several: each row multiplied as a one-row decode, bit for bit). A prompt chunk of one
+        token (a prompt whose cached prefix leaves one token, as a server's repeated or continued
+        conversations do) is a one-row forward alone, so it joins the decoding rows: four such requests
+        arriving together take one step, not four."""
         budget = self.n_batch if prompt_rows is None else max(1, prompt_rows)
         out: list[list[Chunk]] = [[] for _ in gens]
         decode: list[tuple[int, Generation, list[int]]] = []
@@ -610,7 +613,7 @@ class Engine:
         for i, g in enumerate(gens):
             if g.done:
                 continue
-            if g.decoding:
+            if g.decoding or len(g.todo) == 1:  # a one-token prompt chunk: a one-row forward, as a decode row
                 decode.append((i, g, g.next_rows(1, speculate)))
                 continue
             n = min(len(g.todo), self.n_batch)

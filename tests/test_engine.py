@@ -468,6 +468,48 @@ def test_several_decoding_sequences_get_the_logits_they_get_alone_bitwise(fast_m
         pool.release(i)
 
 
+def test_one_token_prompt_chunks_join_the_decode_rows_and_keep_their_tokens(fast_models) -> None:
+    """Prompts whose cached prefix leaves one token to evaluate (a server's repeated requests) take one
+    step together, their rows batched as decode rows (row-exact), not one forward each; every sequence's
+    tokens are those of its first run, alone."""
+    m = fast_models["smollm2"]
+    e = m.engine
+    pool = e.slot_pool(4)
+    prompts = [m.prompt_ids(p) for p in ("Hi", "Tell me a story.", "What is 2 + 2?", "Name three colours.")]
+
+    def run(ids_list: list[list[int]], watch: bool = False) -> tuple[list[list[int]], list[str]]:
+        slots = [pool.acquire(ids) for ids in ids_list]
+        gens = [e.begin(ids, NoEndSampler(m.tokenizer.eog_ids, temperature=0), 12, cache=pool.cache(s))
+                for ids, s in zip(ids_list, slots)]
+        calls: list[str] = []
+        if watch:
+            assert [len(g.todo) for g in gens] == [1, 1, 1, 1]  # every prompt but its last token is cached
+            forward, forward_many = e.model.forward, e.model.forward_many
+            e.model.forward = lambda b: calls.append("forward") or forward(b)  # forward_many's own call too
+            e.model.forward_many = lambda bs: calls.append(f"forward_many {len(bs)} "
+                                                           f"{all(b.row_exact for b in bs)}") or forward_many(bs)
+        outs: list[list[int]] = [[] for _ in gens]
+        try:
+            for out, chunks in zip(outs, e.step(gens)):
+                out.extend(c.token for c in chunks)
+        finally:
+            if watch:
+                del e.model.forward, e.model.forward_many
+        while not all(g.done for g in gens):
+            for out, chunks in zip(outs, e.step(gens)):
+                out.extend(c.token for c in chunks)
+        for s in slots:
+            pool.release(s)
+        return outs, calls
+
+    alone = [run([ids])[0][0] for ids in prompts]
+    together, calls = run(prompts, watch=True)
+    assert calls == [f"forward_many 4 {FAST == 'native'}", "forward"], calls  # row-exact where the stack has it
+    assert together == alone and all(len(t) == 12 for t in alone)
+    for i in range(4):
+        assert pool.n_busy == 0 and pool.cache(i).tokens[: len(prompts[i])] == prompts[i]
+
+
 def test_forward_parallel_gives_each_sequence_its_logits_alone_and_refuses_bad_input(fast_models) -> None:
     """Engine.forward_parallel (llmedge bench -np): one token of each of three sequences in one forward
     equals each decoded alone in a cache of the same prompt, bit for bit on the native stack; the caches
