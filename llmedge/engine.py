@@ -105,6 +105,16 @@ class PrefixCache:
             self.entries.popitem(last=False)
         return True
 
+    def touch(self, tokens: Sequence[int]) -> bool:
+        """Mark the snapshot that holds all of ``tokens`` (they are its prefix) most recently used; False
+        when none does. A sequence trimmed again after the same tokens (a repeated or regenerated request)
+        then costs no second copy of its cells."""
+        for key, st in reversed(self.entries.items()):
+            if len(st.tokens) >= len(tokens) and common_prefix(st.tokens, tokens) == len(tokens):
+                self.entries.move_to_end(key)
+                return True
+        return False
+
     def best(self, ids: Sequence[int]) -> tuple[int | None, int]:
         """The snapshot sharing the longest prefix with ``ids``: (key, common length)."""
         best_key, best_n = None, 0
@@ -544,7 +554,8 @@ class Engine:
     def _stash(self, keep: int, cache: SequenceCache | None = None) -> None:
         """Snapshot a sequence into the prefix LRU when trimming it to ``keep`` tokens loses much."""
         cache = cache if cache is not None else self.cache
-        if cache.offset - keep >= MIN_STASH_TOKENS and cache.offset >= MIN_STASH_TOKENS:
+        if cache.offset - keep >= MIN_STASH_TOKENS and cache.offset >= MIN_STASH_TOKENS and \
+                not self.prefix_cache.touch(cache.tokens):
             self.prefix_cache.add(cache.state())
 
     def shift_context(self, n_keep: int, cache: SequenceCache | None = None) -> int:

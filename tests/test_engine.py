@@ -312,6 +312,34 @@ def test_prefix_lru_stays_within_its_budget() -> None:
     assert n == 2 and lru.pop(key).tokens == [6, 7, 8]
     assert not lru.add(state([9], 20_000))  # larger than the whole budget
     assert lru.add(state([4, 5, 6], 100)) and len(lru) == 1  # [4, 5] is a prefix of it: replaced
+    assert lru.add(state([7, 8], 100)) and list(lru.entries.values())[0].tokens == [4, 5, 6]
+    assert lru.touch([4, 5]) and lru.touch([4, 5, 6])  # held by [4, 5, 6], now the most recently used
+    assert [st.tokens for st in lru.entries.values()] == [[7, 8], [4, 5, 6]]
+    assert not lru.touch([4, 5, 6, 7]) and not lru.touch([5])
+
+
+def test_a_repeated_request_snapshots_its_sequence_once(smollm2_path: Path) -> None:
+    """A slot trimmed back to the same prompt after the same answer (a repeated or regenerated request)
+    finds that sequence already in the prefix LRU: no second copy of its cells, and the same answer."""
+    m = llmedge.load(str(smollm2_path), backend=FAST, n_ctx=256)
+    e = m.engine
+    pool = e.slot_pool(1)
+    ids = m.prompt_ids("Count to twenty.")
+    copies, outs = [], []
+    for _ in range(3):
+        slot = pool.acquire(ids)
+        cache = pool.cache(slot)
+        state = cache.state
+        cache.state = lambda state=state: copies.append(1) or state()  # type: ignore[method-assign]
+        g = e.begin(ids, NoEndSampler(m.tokenizer.eog_ids, temperature=0), 24, cache=cache)
+        del cache.state
+        outs.append([])
+        while not g.done:
+            (chunks,) = e.step([g])
+            outs[-1].extend(c.token for c in chunks)
+        pool.release(slot)
+    assert len(outs[0]) == 24 and outs[1] == outs[0] and outs[2] == outs[0]
+    assert len(copies) == 1 and len(e.prefix_cache) == 1  # stashed on the second request only
 
 
 # -- q8_0 -------------------------------------------------------------------------------------------
