@@ -4,8 +4,9 @@ and how fast a disconnected client's slot frees, against a real ``llmedge serve`
     python benchmarks/server_concurrency.py [--model smollm2:135m] [--tokens 128] [--streams 4] [--repeat 3]
                                             [--lookup NGRAM] [--client raw|httpx] [--engine]
 
-Prints the single-stream rate and the aggregate rate of N streams, end to end (wall clock from the first
-request to the last token, prompts and HTTP included) and decode only (Ollama's eval rate: tokens over
+Prints the single-stream rate and the aggregate rate of N streams, end to end (wall clock from the
+requests' start to the last token, prompts and HTTP included; the N streams start together, each on a
+connection opened before, as kept-alive clients hold theirs) and decode only (Ollama's eval rate: tokens over
 the union of the streams' eval_duration windows), their ratios, the engine's mean batch (sequences per forward, from /metrics), and the
 same ratio in tokens per CPU second of the server process (less sensitive to other processes' load).
 The server batches every active sequence into one forward (continuous batching), so the ratio grows
@@ -18,9 +19,10 @@ rates is printed (the issue: at least 1.0). The
 machine's load average is printed with each round: other processes competing for the cores distort
 the figures, so repeat on a quiet machine. Each round also prints this client's own CPU time per token:
 on a machine with few cores the client competes with the server's compute threads for them, so the rounds'
-requests go through a plain HTTP/1.1 socket by default (``--client raw``: the response read as it comes and
-parsed after its last byte, about 30 us of CPU per token here) rather than httpx's line iterator
-(``--client httpx``, about 100 us); both read the same bytes from the same server. With
+requests go through a plain HTTP/1.1 socket by default (``--client raw``: the response parsed after its
+last byte, and with SO_RCVLOWAT the kernel wakes this client once per response, not once per token)
+rather than httpx's line iterator (``--client httpx``, about 100 us of CPU per token here); both read the
+same bytes from the same server, which writes every token as it is made. With
 ``--engine`` the same prompts are then decoded in this process by the engine alone (``Engine.step``
 over 1 and N generations, steps alternated, no HTTP, no client), the ceiling the server's ratio is
 measured against.
@@ -36,8 +38,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -85,7 +88,10 @@ def request_body(model: str, tokens: int, text: str) -> dict:
             "options": {"num_predict": tokens, "temperature": 0}}
 
 
-def stream_result(lines: Iterable[bytes | str], t0: float, t1: float | None = None) -> tuple[int, float, float, float, str]:
+Result = tuple[int, float, float, float, str]
+
+
+def stream_result(lines: Iterable[bytes | str], t0: float, t1: float | None = None) -> Result:
     """(eval_count, seconds end to end, the server's eval_duration in seconds, end time, the text) of a
     generation's NDJSON ``lines`` (parsed as they come when they are an iterator), sent at ``t0`` and ended
     at ``t1`` (default: once the last line is read)."""
@@ -98,7 +104,7 @@ def stream_result(lines: Iterable[bytes | str], t0: float, t1: float | None = No
     return int(final.get("eval_count", 0)), t1 - t0, final.get("eval_duration", 0) / 1e9, t1, "".join(parts)
 
 
-def one_stream(url: str, model: str, tokens: int, text: str = PROMPT) -> tuple[int, float, float, float, str]:
+def one_stream(url: str, model: str, tokens: int, text: str = PROMPT) -> Result:
     """Stream one generation with httpx, its lines parsed as they come."""
     t0 = time.perf_counter()
     with CLIENT.stream("POST", url + "/api/generate", json=request_body(model, tokens, text)) as r:
@@ -106,29 +112,44 @@ def one_stream(url: str, model: str, tokens: int, text: str = PROMPT) -> tuple[i
         return stream_result(r.iter_lines(), t0)
 
 
-def raw_stream(url: str, model: str, tokens: int, text: str = PROMPT) -> tuple[int, float, float, float, str]:
-    """``one_stream`` over a plain HTTP/1.1 socket: the request, then the response's bytes as they come,
-    parsed (chunked encoding, NDJSON) only after the last one. A load generator that costs little CPU per
-    token: on a machine with few cores this client competes with the server's compute threads, and httpx's
-    line iterator spends about three times as much per streamed token."""
+def raw_stream(url: str, model: str, tokens: int, text: str = PROMPT) -> Callable[[], Result]:
+    """``one_stream`` over a plain HTTP/1.1 socket, connected now (as a client's kept-alive connection):
+    the returned call sends the request and reads the response's bytes, parsed (chunked encoding, NDJSON)
+    only after the last one. A load generator that costs little CPU per token: on a machine with few
+    cores this client competes with the server's compute threads. httpx's line iterator spends about
+    three times as much per streamed token, and waking up for every token costs more still, so the
+    socket's SO_RCVLOWAT (where the OS has it) lets the kernel hold the bytes until the response ends
+    (or 1 MB arrived); the server still writes each token as it is made."""
     host, _, port = url.removeprefix("http://").partition(":")
     payload = json.dumps(request_body(model, tokens, text)).encode()
     request = (f"POST /api/generate HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
                f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n").encode() + payload
-    t0 = time.perf_counter()
-    t1, parts = t0, []
-    with socket.create_connection((host, int(port)), timeout=600) as s:
-        s.sendall(request)
-        while data := s.recv(65536):
-            t1 = time.perf_counter()
-            parts.append(data)
-    head, _, body = b"".join(parts).partition(b"\r\n\r\n")
-    status = head.split(b"\r\n", 1)[0]
-    if b" 200 " not in status + b" ":
-        raise SystemExit(f"the server answered {status.decode(errors='replace')}: {body[:300]!r}")
-    if b"transfer-encoding: chunked" in head.lower():
-        body = dechunk(body)
-    return stream_result(body.splitlines(), t0, t1)
+    s = socket.create_connection((host, int(port)), timeout=600)
+    if hasattr(socket, "SO_RCVLOWAT"):
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1 << 20)
+
+    def go() -> Result:
+        t0 = time.perf_counter()
+        t1, parts = t0, []
+        with s:
+            s.sendall(request)
+            while data := s.recv(1 << 20):
+                t1 = time.perf_counter()
+                parts.append(data)
+        head, _, body = b"".join(parts).partition(b"\r\n\r\n")
+        status = head.split(b"\r\n", 1)[0]
+        if b" 200 " not in status + b" ":
+            raise SystemExit(f"the server answered {status.decode(errors='replace')}: {body[:300]!r}")
+        if b"transfer-encoding: chunked" in head.lower():
+            body = dechunk(body)
+        return stream_result(body.splitlines(), t0, t1)
+
+    return go
+
+
+def httpx_stream(url: str, model: str, tokens: int, text: str = PROMPT) -> Callable[[], Result]:
+    """``one_stream`` as a call to make later (httpx's client connects when it sends)."""
+    return lambda: one_stream(url, model, tokens, text)
 
 
 def dechunk(body: bytes) -> bytes:
@@ -143,9 +164,7 @@ def dechunk(body: bytes) -> bytes:
         i = j + 2 + n + 2
 
 
-CLIENTS = {"raw": raw_stream, "httpx": one_stream}
-
-Result = tuple[int, float, float, float, str]
+CLIENTS = {"raw": raw_stream, "httpx": httpx_stream}
 
 
 def decode_rate(results: list[Result]) -> float:
@@ -190,8 +209,9 @@ def round_trip(label: str, url: str, pid: int, args: argparse.Namespace, solo: l
     """One stream, then ``args.streams`` concurrent ones (stream i with prompt i); every stream's text must
     be its prompt's text alone (``solo``). Returns the aggregate end-to-end rate of the concurrent streams."""
     stream = CLIENTS[args.client]
+    go = stream(url, args.model, args.tokens, prompt(0))
     c0, own0 = cpu_seconds(pid), own_cpu()
-    first = stream(url, args.model, args.tokens, prompt(0))
+    first = go()
     n1, t1 = first[0], first[1]
     cpu1, own1 = cpu_seconds(pid) - c0, own_cpu() - own0
     single, single_decode = n1 / t1, decode_rate([first])
@@ -200,10 +220,15 @@ def round_trip(label: str, url: str, pid: int, args: argparse.Namespace, solo: l
           f"(load average {loadavg()})")
     steps0 = metric(url, "llmedge_engine_steps_total")
     seqs0 = metric(url, "llmedge_engine_sequence_steps_total")
-    t0, c0, own0 = time.perf_counter(), cpu_seconds(pid), own_cpu()
+    # the streams start together (a barrier: this client's threads would otherwise send one after the
+    # other, each waiting for the GIL), and the round's clock starts when they do
+    gos = [stream(url, args.model, args.tokens, prompt(i)) for i in range(args.streams)]
+    starts: list[float] = []
+    barrier = threading.Barrier(args.streams, action=lambda: starts.append(time.perf_counter()))
+    c0, own0 = cpu_seconds(pid), own_cpu()
     with ThreadPoolExecutor(args.streams) as ex:
-        results = list(ex.map(lambda i: stream(url, args.model, args.tokens, prompt(i)), range(args.streams)))
-    wall = time.perf_counter() - t0
+        results = list(ex.map(lambda go: (barrier.wait(), go())[1], gos))
+    wall = max(r[3] for r in results) - starts[0]
     cpu, own = cpu_seconds(pid) - c0, own_cpu() - own0
     steps = metric(url, "llmedge_engine_steps_total") - steps0
     batch = (metric(url, "llmedge_engine_sequence_steps_total") - seqs0) / max(steps, 1)
