@@ -36,6 +36,7 @@ import os
 import resource
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -205,9 +206,10 @@ def own_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def round_trip(label: str, url: str, pid: int, args: argparse.Namespace, solo: list[str]) -> float:
+def round_trip(label: str, url: str, pid: int, args: argparse.Namespace, solo: list[str]) -> tuple[float, float]:
     """One stream, then ``args.streams`` concurrent ones (stream i with prompt i); every stream's text must
-    be its prompt's text alone (``solo``). Returns the aggregate end-to-end rate of the concurrent streams."""
+    be its prompt's text alone (``solo``). Returns the aggregate end-to-end rate of the concurrent streams
+    and its ratio to the one stream's."""
     stream = CLIENTS[args.client]
     go = stream(url, args.model, args.tokens, prompt(0))
     c0, own0 = cpu_seconds(pid), own_cpu()
@@ -242,7 +244,7 @@ def round_trip(label: str, url: str, pid: int, args: argparse.Namespace, solo: l
           f"client CPU {1e6 * own / max(total, 1):.0f} us per token; {same}/{args.streams + 1} texts equal their prompt's text alone (load average {loadavg()})")
     if same != args.streams + 1:
         raise SystemExit("a stream's greedy text differs from its text alone")
-    return agg
+    return agg, agg / single
 
 
 def engine_ceiling(args: argparse.Namespace, solo: list[str]) -> None:
@@ -316,15 +318,22 @@ def main() -> None:
             solo = solo or texts
             if texts != solo:
                 raise SystemExit(f"{label}a text alone differs from the plain server's")
+        ratios: list[float] = []  # the plain server's, round by round
         for k in range(args.repeat):
             # with two servers, which goes first alternates (A B, B A, ...): the machine's speed drifts
             order = list(range(len(servers))) if k % 2 == 0 else list(range(len(servers)))[::-1]
             rates = [0.0] * len(servers)
             for i in order:
                 label, url, proc = servers[i]
-                rates[i] = round_trip(label, url, proc.pid, args, solo)
+                rates[i], ratio = round_trip(label, url, proc.pid, args, solo)
+                if i == 0:
+                    ratios.append(ratio)
             if len(rates) > 1:
                 print(f"{servers[1][0]}{args.streams}-stream aggregate {rates[1] / rates[0]:.2f}x the plain server's")
+        if len(ratios) > 1:
+            print(f"{args.streams} streams over 1, end to end, {len(ratios)} rounds: median "
+                  f"{statistics.median(ratios):.2f}x, range {min(ratios):.2f}-{max(ratios):.2f}x, "
+                  f"{sum(r >= 3.0 for r in ratios)} at 3.0x or more")
 
         url = servers[0][1]
         t0 = time.perf_counter()
