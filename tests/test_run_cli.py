@@ -186,12 +186,27 @@ def test_malformed_file_is_one_line_error(smollm2_path: Path, tmp_path: Path, co
     assert "Traceback" not in res.stderr
 
 
+def _default_sigint() -> None:
+    """A child's Ctrl-C as a terminal's: the default action, even when the suite was started with SIGINT
+    ignored (a shell's background job without job control), which the child would inherit."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.fixture
+def sigint_raises():
+    """Python's KeyboardInterrupt on SIGINT for this test, whatever the suite started with."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def test_ctrl_c_during_a_one_shot_answer_exits_130(smollm2_path: Path, tmp_path: Path):
     env = {**os.environ, "LLMEDGE_MODELS": str(tmp_path / "store")}
     p = subprocess.Popen([sys.executable, "-m", "llmedge.cli.main", "run", str(smollm2_path),
                           "Count from 1 to 100000, one number a line.", "--temperature", "0",
                           "--num-predict", "100000"],
-                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                         preexec_fn=_default_sigint)
     try:
         first = p.stdout.read(8)  # the answer is streaming
         assert first, p.stderr.read().decode()
@@ -533,7 +548,7 @@ def test_ctrl_c_stops_the_answer_and_the_chat_goes_on(tmp_path: Path, after: int
     assert s.ask("Go on.") == "".join(f"w{i} " for i in range(200))
 
 
-def test_ctrl_c_while_a_model_loads_or_a_message_is_tokenized_keeps_the_chat(tmp_path: Path):
+def test_ctrl_c_while_a_model_loads_or_a_message_is_tokenized_keeps_the_chat(tmp_path: Path, sigint_raises):
     def interrupted_load(n_ctx: int, name: str):
         os.kill(os.getpid(), signal.SIGINT)  # the user's Ctrl-C, in the middle of the load
         raise AssertionError("SIGINT should have interrupted the load")
