@@ -106,11 +106,12 @@ class PrefixCache:
         return True
 
     def touch(self, tokens: Sequence[int]) -> bool:
-        """Mark the snapshot that holds all of ``tokens`` (they are its prefix) most recently used; False
-        when none does. A sequence trimmed again after the same tokens (a repeated or regenerated request)
-        then costs no second copy of its cells."""
+        """Mark the snapshot of exactly ``tokens`` most recently used; False when there is none. A sequence
+        trimmed again after the same tokens (a repeated or regenerated request) then costs no second copy
+        of its cells. Only the same tokens count: a longer snapshot's ring layers (sliding windows) may no
+        longer hold the cells a resume inside it needs."""
         for key, st in reversed(self.entries.items()):
-            if len(st.tokens) >= len(tokens) and common_prefix(st.tokens, tokens) == len(tokens):
+            if len(st.tokens) == len(tokens) and common_prefix(st.tokens, tokens) == len(tokens):
                 self.entries.move_to_end(key)
                 return True
         return False

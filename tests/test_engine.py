@@ -313,9 +313,10 @@ def test_prefix_lru_stays_within_its_budget() -> None:
     assert not lru.add(state([9], 20_000))  # larger than the whole budget
     assert lru.add(state([4, 5, 6], 100)) and len(lru) == 1  # [4, 5] is a prefix of it: replaced
     assert lru.add(state([7, 8], 100)) and list(lru.entries.values())[0].tokens == [4, 5, 6]
-    assert lru.touch([4, 5]) and lru.touch([4, 5, 6])  # held by [4, 5, 6], now the most recently used
+    assert lru.touch([4, 5, 6])  # now the most recently used
     assert [st.tokens for st in lru.entries.values()] == [[7, 8], [4, 5, 6]]
-    assert not lru.touch([4, 5, 6, 7]) and not lru.touch([5])
+    assert not lru.touch([4, 5]) and not lru.touch([4, 5, 6, 7]) and not lru.touch([5])
+    assert [st.tokens for st in lru.entries.values()] == [[7, 8], [4, 5, 6]]
 
 
 def test_a_repeated_request_snapshots_its_sequence_once(smollm2_path: Path) -> None:
