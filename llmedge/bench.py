@@ -532,11 +532,15 @@ class LlamaCppRunner:
         self.L.llama_memory_clear(self.mem, False)
         self.pos = [0] * self.n_seq
 
-    def _decode(self, ctx: Any, arr: Any, n: int) -> None:
-        rc = self.L.llama_decode(ctx, self.L.llama_batch_get_one(arr, n))
+    def _submit(self, ctx: Any, batch: Any) -> None:
+        """``llama_decode`` of ``batch``, and wait for its result."""
+        rc = self.L.llama_decode(ctx, batch)
         if rc != 0:
             raise LlmedgeError(f"llama_decode failed (code {rc})")
         self.L.llama_synchronize(ctx)
+
+    def _decode(self, ctx: Any, arr: Any, n: int) -> None:
+        self._submit(ctx, self.L.llama_batch_get_one(arr, n))
 
     def decode(self, tokens: np.ndarray, seq: int = 0) -> None:
         n = len(tokens)
@@ -560,10 +564,7 @@ class LlamaCppRunner:
             b.logits[i] = not last_only or i == len(rows) - 1
             self.pos[seq] += 1
         b.n_tokens = len(rows)
-        rc = self.L.llama_decode(self.ctx, b)
-        if rc != 0:
-            raise LlmedgeError(f"llama_decode failed (code {rc})")
-        self.L.llama_synchronize(self.ctx)
+        self._submit(self.ctx, b)
 
     def end(self) -> None:
         if self.batch is not None:
