@@ -27,8 +27,58 @@ AMD, INTEL = 1 << 13, 1 << 12  # LLE_CPU_AMD, LLE_CPU_INTEL (native/common.h)
 MB = 1 << 20
 
 
-def fake_cpu(monkeypatch: pytest.MonkeyPatch, features: int, llc: int) -> None:
+def fake_cpu(monkeypatch: pytest.MonkeyPatch, features: int, llc: int, sysfs: int | None = None) -> None:
+    """A CPU with ``features`` whose C library reports ``llc`` bytes of last-level cache, and sysfs
+    ``sysfs`` (None: no sysfs entry)."""
     monkeypatch.setattr(native, "lib", SimpleNamespace(lle_cpu_features=lambda: features, lle_llc_bytes=lambda: llc))
+    monkeypatch.setattr(native, "shared_cache_bytes", lambda: sysfs)
+
+
+def fake_sysfs_caches(root: Path, caches: list[tuple[int, str, str]]) -> Path:
+    """cpu0/cache as Linux lays it out: one index<i> directory per (level, type, size)."""
+    for i, (level, kind, size) in enumerate(caches):
+        d = root / f"index{i}"
+        d.mkdir(parents=True)
+        (d / "level").write_text(f"{level}\n")
+        (d / "type").write_text(f"{kind}\n")
+        (d / "size").write_text(f"{size}\n")
+    return root
+
+
+def test_the_shared_cache_is_the_highest_level_data_or_unified_cache_in_sysfs(tmp_path, monkeypatch) -> None:
+    from llmedge.backends import cpu
+
+    zen5 = [(1, "Data", "48K"), (1, "Instruction", "32K"), (2, "Unified", "1024K"), (3, "Unified", "32768K")]
+    monkeypatch.setattr(cpu, "SYSFS_CPU0_CACHES", fake_sysfs_caches(tmp_path / "zen5", zen5))
+    cpu.shared_cache_bytes.cache_clear()
+    try:
+        assert cpu.shared_cache_bytes() == 32 * MB
+        # no L3, and an instruction cache bigger than the rest, which is not the one data streams through
+        odd = [(1, "Data", "64K"), (2, "Instruction", "8M"), (2, "Unified", "4M")]
+        monkeypatch.setattr(cpu, "SYSFS_CPU0_CACHES", fake_sysfs_caches(tmp_path / "odd", odd))
+        cpu.shared_cache_bytes.cache_clear()
+        assert cpu.shared_cache_bytes() == 4 * MB
+        monkeypatch.setattr(cpu, "SYSFS_CPU0_CACHES", tmp_path / "absent")
+        cpu.shared_cache_bytes.cache_clear()
+        assert cpu.shared_cache_bytes() is None
+        garbled = [(3, "Unified", "lots")]
+        monkeypatch.setattr(cpu, "SYSFS_CPU0_CACHES", fake_sysfs_caches(tmp_path / "garbled", garbled))
+        cpu.shared_cache_bytes.cache_clear()
+        assert cpu.shared_cache_bytes() is None
+    finally:
+        cpu.shared_cache_bytes.cache_clear()
+
+
+def test_sysfs_decides_over_the_c_library_which_may_report_the_whole_package(monkeypatch) -> None:
+    """glibc reported 384 MiB of L3 on a Zen 5 VM whose cores share 32 MiB: SmolLM2's 96 MB of
+    weights must stream there, as on any AMD CPU whose L3 they exceed."""
+    monkeypatch.delenv(native.WEIGHT_PREFETCH_ENV, raising=False)
+    fake_cpu(monkeypatch, AMD, 384 * MB, sysfs=32 * MB)
+    assert native.last_level_cache_bytes() == 32 * MB
+    assert not native.keep_weights_cached(96 * MB)
+    fake_cpu(monkeypatch, AMD, 384 * MB, sysfs=None)  # no sysfs: the C library's figure
+    assert native.last_level_cache_bytes() == 384 * MB
+    assert native.keep_weights_cached(96 * MB)
 
 
 def test_amd_keeps_weights_that_fit_half_the_last_level_cache_and_streams_the_rest(monkeypatch) -> None:

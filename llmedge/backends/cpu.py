@@ -1,6 +1,6 @@
-"""What the CPU offers: the instruction-set features the kernels care about, and how many physical
+"""What the CPU offers: the instruction-set features the kernels care about, how many physical
 cores there are (the default thread count: hyper-threads share one core's SIMD units, so llama.cpp
-and llmedge use one thread per physical core).
+and llmedge use one thread per physical core), and the last-level cache a core shares.
 
 Everything here is read from the operating system (``/proc/cpuinfo``, ``/sys``, ``sysctl``) and is
 cheap; the native library's own CPUID probe (``llmedge._native``) is what picks the kernels.
@@ -46,6 +46,39 @@ def _linux_physical_cores() -> int | None:
             return None
         cores.add((pkg, core))
     return len(cores) or None
+
+
+SYSFS_CPU0_CACHES = Path("/sys/devices/system/cpu/cpu0/cache")
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+@functools.lru_cache(maxsize=1)
+def shared_cache_bytes() -> int | None:
+    """Bytes of the last-level cache that CPU 0 shares with its neighbours: Linux's sysfs size of its
+    highest-level data or unified cache (``index*/size``, e.g. ``32768K``), or None where there is no
+    such entry (other systems; the native library then asks the C library, ``lle_llc_bytes``).
+
+    sysfs describes the cache a core can use. The C library need not: glibc's
+    ``sysconf(_SC_LEVEL3_CACHE_SIZE)`` gave 384 MiB on a 2-core AMD EPYC (Zen 5) VM, the L3 of the whole
+    12-CCD package, where each core shares one CCD's 32 MiB (sysfs's ``32768K``)."""
+    best: tuple[int, int] | None = None  # (level, bytes)
+    try:
+        entries = sorted(SYSFS_CPU0_CACHES.glob("index*"))
+    except OSError:
+        return None
+    for entry in entries:
+        try:
+            kind = (entry / "type").read_text().strip()
+            level = int((entry / "level").read_text().strip())
+            size = (entry / "size").read_text().strip().upper()
+        except (OSError, ValueError):
+            continue
+        digits, unit = size.rstrip("KMG"), size[len(size.rstrip("KMG")):]
+        if kind == "Instruction" or not digits.isdigit() or unit not in _SIZE_UNITS:
+            continue
+        if best is None or level > best[0]:
+            best = (level, int(digits) * _SIZE_UNITS[unit])
+    return best[1] if best and best[1] > 0 else None
 
 
 def _sysctl(name: str) -> str | None:
