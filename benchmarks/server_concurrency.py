@@ -23,9 +23,10 @@ requests go through a plain HTTP/1.1 socket by default (``--client raw``: the re
 last byte, and with SO_RCVLOWAT the kernel wakes this client once per response, not once per token)
 rather than httpx's line iterator (``--client httpx``, about 100 us of CPU per token here); both read the
 same bytes from the same server, which writes every token as it is made. With
-``--engine`` the same prompts are then decoded in this process by the engine alone (``Engine.step``
-over 1 and N generations, steps alternated, no HTTP, no client), the ceiling the server's ratio is
-measured against.
+``--engine`` each round is followed by the same prompts decoded in this process by the engine alone
+(``Engine.step`` over 1 and N generations, no HTTP, no client), the ceiling the server's ratio is
+measured against, in the same minute: this machine's speed drifts from one minute to the next, so the
+summary also gives the median of each round's server ratio over its engine ratio.
 """
 
 from __future__ import annotations
@@ -206,6 +207,12 @@ def own_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def summary(ratios: list[float]) -> str:
+    """The median, range and count at the target (3.0x) of per-round ratios."""
+    return (f"median {statistics.median(ratios):.2f}x, range {min(ratios):.2f}-{max(ratios):.2f}x, "
+            f"{sum(r >= 3.0 for r in ratios)} at 3.0x or more")
+
+
 def round_trip(label: str, url: str, pid: int, args: argparse.Namespace, solo: list[str]) -> tuple[float, float]:
     """One stream, then ``args.streams`` concurrent ones (stream i with prompt i); every stream's text must
     be its prompt's text alone (``solo``). Returns the aggregate end-to-end rate of the concurrent streams
@@ -247,24 +254,29 @@ def round_trip(label: str, url: str, pid: int, args: argparse.Namespace, solo: l
     return agg, agg / single
 
 
-def engine_ceiling(args: argparse.Namespace, solo: list[str]) -> None:
-    """The engine alone on the same prompts, in this process (after the servers stopped): per round, one
+class EngineRounds:
+    """The engine alone on the same prompts, in this process (the server idle meanwhile): per round, one
     generation stepped to its end, then ``args.streams`` stepped together, the per-step times' medians
     and their ratio (N x one step / N-sequence step), and every text checked against the server's."""
-    import numpy as np
 
-    import llmedge
-    from llmedge.sampling import Sampler, SamplingOptions
+    def __init__(self, args: argparse.Namespace) -> None:
+        import llmedge
 
-    eng = llmedge.load(args.model, n_ctx=512).engine
-    pool = eng.slot_pool(args.streams)
+        self.args = args
+        self.engine = llmedge.load(args.model, n_ctx=512).engine
+        self.pool = self.engine.slot_pool(args.streams)
 
-    def steps(n: int) -> tuple[float, list[str]]:
+    def _steps(self, n: int) -> tuple[float, list[str]]:
+        import numpy as np
+
+        from llmedge.sampling import Sampler, SamplingOptions
+
+        eng, pool = self.engine, self.pool
         gens, slots, times = [], [], []
         for i in range(n):
             ids = eng.tokenizer.encode(prompt(i))
             slots.append(pool.acquire(ids))
-            gens.append(eng.begin(ids, Sampler(SamplingOptions(temperature=0)), args.tokens,
+            gens.append(eng.begin(ids, Sampler(SamplingOptions(temperature=0)), self.args.tokens,
                                   cache=pool.cache(slots[-1])))
         texts = [""] * n
         while not all(g.done for g in gens):
@@ -277,15 +289,16 @@ def engine_ceiling(args: argparse.Namespace, solo: list[str]) -> None:
             pool.release(s)
         return float(np.median(times[1:])), texts  # the decode steps: the first evaluates the prompts
 
-    for _ in range(args.repeat):
-        one, t1 = steps(1)
-        many, tn = steps(args.streams)
+    def round(self, solo: list[str]) -> float:
+        n = self.args.streams
+        one, t1 = self._steps(1)
+        many, tn = self._steps(n)
         same = (t1[0] == solo[0]) + sum(t == solo[i] for i, t in enumerate(tn))
-        print(f"engine alone: 1 sequence {1e3 * one:.3f} ms per step, {args.streams} sequences {1e3 * many:.3f} ms "
-              f"per step = {args.streams * one / many:.2f}x one sequence's rate; {same}/{args.streams + 1} texts "
-              f"equal the server's")
-        if same != args.streams + 1:
+        print(f"engine alone: 1 sequence {1e3 * one:.3f} ms per step, {n} sequences {1e3 * many:.3f} ms "
+              f"per step = {n * one / many:.2f}x one sequence's rate; {same}/{n + 1} texts equal the server's")
+        if same != n + 1:
             raise SystemExit("a text of the engine alone differs from the server's")
+        return n * one / many
 
 
 def main() -> None:
@@ -302,7 +315,8 @@ def main() -> None:
                     help="the rounds' HTTP client: raw (a plain socket, parsed after the last byte; default) or "
                          "httpx (its streaming line iterator, as an application would read)")
     ap.add_argument("--engine", action="store_true",
-                    help="then the engine alone in this process (no HTTP, no client): the ratio's ceiling")
+                    help="after each round, the engine alone in this process (no HTTP, no client): the ratio's ceiling, "
+                         "in the same minute")
     args = ap.parse_args()
 
     servers = [("", *start(args.streams, []))]
@@ -319,6 +333,8 @@ def main() -> None:
             if texts != solo:
                 raise SystemExit(f"{label}a text alone differs from the plain server's")
         ratios: list[float] = []  # the plain server's, round by round
+        engine = EngineRounds(args) if args.engine else None
+        engine_ratios: list[float] = []  # the engine alone's, each right after that round's server rounds
         for k in range(args.repeat):
             # with two servers, which goes first alternates (A B, B A, ...): the machine's speed drifts
             order = list(range(len(servers))) if k % 2 == 0 else list(range(len(servers)))[::-1]
@@ -330,10 +346,14 @@ def main() -> None:
                     ratios.append(ratio)
             if len(rates) > 1:
                 print(f"{servers[1][0]}{args.streams}-stream aggregate {rates[1] / rates[0]:.2f}x the plain server's")
+            if engine is not None:
+                engine_ratios.append(engine.round(solo))
         if len(ratios) > 1:
-            print(f"{args.streams} streams over 1, end to end, {len(ratios)} rounds: median "
-                  f"{statistics.median(ratios):.2f}x, range {min(ratios):.2f}-{max(ratios):.2f}x, "
-                  f"{sum(r >= 3.0 for r in ratios)} at 3.0x or more")
+            print(f"{args.streams} streams over 1, end to end, {len(ratios)} rounds: {summary(ratios)}")
+        if len(engine_ratios) > 1:
+            print(f"the engine alone, the same rounds: {summary(engine_ratios)}; the server's ratio over the "
+                  f"engine's, round by round: median "
+                  f"{statistics.median(r / e for r, e in zip(ratios, engine_ratios)):.3f}")
 
         url = servers[0][1]
         t0 = time.perf_counter()
@@ -358,8 +378,6 @@ def main() -> None:
                 proc.wait(15)
             except subprocess.TimeoutExpired:
                 proc.kill()
-    if args.engine:
-        engine_ceiling(args, solo)
 
 
 if __name__ == "__main__":
