@@ -110,8 +110,9 @@ class PrefixCache:
         trimmed again after the same tokens (a repeated or regenerated request) then costs no second copy
         of its cells. Only the same tokens count: a longer snapshot's ring layers (sliding windows) may no
         longer hold the cells a resume inside it needs."""
+        want = list(tokens)
         for key, st in reversed(self.entries.items()):
-            if len(st.tokens) == len(tokens) and common_prefix(st.tokens, tokens) == len(tokens):
+            if st.tokens == want:
                 self.entries.move_to_end(key)
                 return True
         return False

@@ -73,7 +73,8 @@ def shared_cache_bytes() -> int | None:
             size = (entry / "size").read_text().strip().upper()
         except (OSError, ValueError):
             continue
-        digits, unit = size.rstrip("KMG"), size[len(size.rstrip("KMG")):]
+        digits = size.rstrip("KMG")
+        unit = size[len(digits):]
         if kind == "Instruction" or not digits.isdigit() or unit not in _SIZE_UNITS:
             continue
         if best is None or level > best[0]:
