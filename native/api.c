@@ -704,16 +704,7 @@ int lle_matmul(int type, const void *w, long long w_stride, long long m, long lo
  * weight rows and runs it against every activation row while it is in cache: the weights are read
  * from memory once for all rows. This is what speculative verification and batched decoding use
  * (llama.cpp's multi-row kernels sum in other orders; a row's argmax could flip). */
-typedef struct {
-    lle_vec_dot_fn vd; lle_gemv_fn gemv; lle_gemv_rows_fn gemv_rows;
-    lle_packed_fn packed; const uint8_t *pw; int64_t gbytes;  /* a packed copy (see mm_ctx) */
-    int type; const uint8_t *w; size_t ws; int64_t m; int k;
-    const uint8_t *a; size_t as; int64_t n;
-    const float *scales; int64_t scale_stride;
-    const float *group_scales; int64_t group_stride;  /* gemv_rows: per 8-row group, interleaved by row */
-    float *out; int64_t ldo;
-    int64_t chunk, n_chunks;
-} mr_ctx;
+typedef lle_mr_plan mr_ctx;
 
 /* one chunk of weight rows against every activation row */
 static void mr_chunk(const mr_ctx *c, int64_t ch) {
@@ -833,20 +824,38 @@ static int mr_prepare(mr_ctx *c, int type, const void *w, long long w_stride, lo
     float *scales = (float *)(a + act_bytes);
     float *grouped = scales + c->scale_stride * n;
     if (c->group_stride) memset(grouped, 0, (size_t)(c->group_stride * n_groups) * sizeof(float));
-    for (int64_t i = 0; i < n; i++) {
-        ff(x + i * k, a + i * c->as, k);
-        act_prep(kw, c->pw, k, a + i * c->as);
-        if (!asf) continue;
-        float *rs = scales + i * c->scale_stride;
-        asf((int)k, a + i * c->as, rs);
-        if (!c->group_stride) continue;
-        float *g = grouped + i / LLE_GEMV_ROWS * c->group_stride + i % LLE_GEMV_ROWS;
-        for (int64_t b = 0; b < 2 * nb; b++) g[b * LLE_GEMV_ROWS] = rs[b];
-    }
     c->a = a;
     c->scales = scales;
     c->group_scales = grouped;
+    c->owns_act = 1;
+    if (x)
+        for (int64_t i = 0; i < n; i++) lle_mr_plan_quantize(c, x + i * k, i);
     return 0;
+}
+
+void lle_mr_plan_quantize(const lle_mr_plan *c, const float *x, int64_t i) {
+    const lle_kernels *kw = &g_active[c->type];
+    const int vt = lle_type_traits[c->type].vec_type;
+    uint8_t *a = (uint8_t *)c->a + i * c->as;
+    g_active[vt].from_float(x, a, c->k);
+    act_prep(kw, c->pw, c->k, a);
+    if (!c->scale_stride) return;
+    float *rs = (float *)c->scales + i * c->scale_stride;
+    g_active[vt].act_scales(c->k, a, rs);
+    if (!c->group_stride) return;
+    float *g = (float *)c->group_scales + i / LLE_GEMV_ROWS * c->group_stride + i % LLE_GEMV_ROWS;
+    for (int64_t b = 0; b < c->scale_stride; b++) g[b * LLE_GEMV_ROWS] = rs[b];
+}
+
+void lle_mr_plan_chunk(const lle_mr_plan *c, int64_t ch) { mr_chunk(c, ch); }
+
+static scratch_buf g_scratch_plan[LLE_MR_SLOTS];
+
+int lle_mr_plan_init(lle_mr_plan *c, const lle_weight *w, long long n, float *out, int slot, const lle_mr_plan *prev) {
+    if (slot < 0 || slot >= LLE_MR_SLOTS) return -1;
+    if (!valid_type(w->type)) return -1;
+    if (lle_type_traits[w->type].vec_type == T_F32) return 1;
+    return mr_prepare(c, w->type, w->data, w->row_bytes, w->m, w->k, NULL, n, out, w->m, &g_scratch_plan[slot], prev);
 }
 
 /* Several weights (as a layer's Q, K and V, or gate and up) times the same n activation rows, in one

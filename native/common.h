@@ -509,6 +509,27 @@ int lle_matvec_group_impl(const lle_weight *const *ws, int count, const float *x
  * to lle_matmul_rows_impl's (a decode step's Q, K and V, or gate and up, of several sequences) */
 int lle_matmul_rows_group_impl(const lle_weight *const *ws, int count, const float *x, long long n,
                                float *const *outs);
+/* A product of a weight with n >= 2 activation rows, each row multiplied exactly as a one-row decode
+ * (lle_matmul_rows_impl's kernels and chunks), split into pieces a caller's own pool job runs (layer.c's
+ * decode layer): lle_mr_plan_init prepares it without the rows, lle_mr_plan_quantize puts row i in
+ * place (when owns_act; a plan made with `prev` may read prev's rows instead), lle_mr_plan_chunk
+ * multiplies chunk ch (of n_chunks) of the weight rows by every activation row. */
+typedef struct {
+    lle_vec_dot_fn vd; lle_gemv_fn gemv; lle_gemv_rows_fn gemv_rows;
+    lle_packed_fn packed; const uint8_t *pw; int64_t gbytes;  /* a packed copy (see mm_ctx) */
+    int type; const uint8_t *w; size_t ws; int64_t m; int k;
+    const uint8_t *a; size_t as; int64_t n;
+    const float *scales; int64_t scale_stride;
+    const float *group_scales; int64_t group_stride;  /* gemv_rows: per 8-row group, interleaved by row */
+    float *out; int64_t ldo;
+    int64_t chunk, n_chunks;
+    int owns_act;  /* its activation rows are its own (else prev's, or float rows read in place) */
+} lle_mr_plan;
+#define LLE_MR_SLOTS 8  /* plans whose activations live at once (each slot its own buffer) */
+/* 0, or 1: float activations (read in place, not through a plan), or < 0: invalid / no memory */
+int lle_mr_plan_init(lle_mr_plan *p, const lle_weight *w, long long n, float *out, int slot, const lle_mr_plan *prev);
+void lle_mr_plan_quantize(const lle_mr_plan *p, const float *x, int64_t i);
+void lle_mr_plan_chunk(const lle_mr_plan *p, int64_t ch);
 int lle_rms_norm_impl(const float *x, const float *w, long long n, long long d, float eps, float *out);
 int lle_rope_impl(const float *x, const int *pos, long long n, long long n_head, long long head_dim,
                   int n_rot, float freq_base, float freq_scale, int neox, const float *freq_factors,
@@ -521,6 +542,21 @@ int lle_attention_impl(const float *q, long long n, long long n_head, long long 
  * cache) in one pool job over every (problem, head): each row's numbers exactly as lle_attention_impl
  * computes it alone */
 int lle_attention_rows_impl(const lle_attn_args *a, int count);
+/* lle_attention_rows_impl in pieces for a caller's own pool job (layer.c's decode layer): the plan, then
+ * its n_prep prep items (lle_attn_prep steps of one problem's KV head, where several tasks read that
+ * head; else each task does its own), then each of its n_tasks tasks (nh heads of one problem) on
+ * thread ith. whole: return 1 when the problems need more than such pieces (the long-cache path). */
+typedef struct {
+    const lle_attn_args *a; int count; int64_t n_head; int nh;
+    float *scratch; int64_t scratch_per_thread, per_head;
+    int prep;  /* each task first does its KV head's lle_attn_prep steps (nh is the heads per KV head) */
+    int64_t n_tasks, work, n_prep;
+} lle_attn_rows_plan;
+int lle_attn_rows_plan_init(lle_attn_rows_plan *c, const lle_attn_args *a, int count, int whole);
+void lle_attn_rows_prep(const lle_attn_rows_plan *c, int64_t item);
+void lle_attn_rows_task(const lle_attn_rows_plan *c, int ith, int64_t task);
+/* rms_norm of n rows on the calling thread (lle_rms_norm_impl's values) */
+void lle_rms_norm_serial(const float *x, const float *w, long long n, long long d, float eps, float *out);
 int lle_glu_impl(const float *gate, const float *up, long long n, long long row, int kind, float *out);
 int lle_add_impl(const float *a, const float *b, long long n, float *out);
 int lle_scale_impl(const float *x, float s, long long n, float *out);

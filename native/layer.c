@@ -10,6 +10,7 @@
  */
 #include "common.h"
 
+#include <sched.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -153,6 +154,193 @@ static void prefetch_next_layer(const lle_layer *next, lle_kv *const *kv, int n_
     lle_bg_prefetch_set(r, n);
 }
 
+/* Decode rows (one per sequence) over float caches: each row's RoPE, Q scaling and K/V stores are done
+ * per KV head in the attention job, by the task that reads that head (lle_attn_prep). Fills one[] and
+ * prep[] for every sequence and returns 1 when that applies, 0 when not (nothing filled). */
+static int fused_attn_args(const lle_layer *L, long long n, const int *pos, int n_seqs, const int *seq_rows,
+                           lle_kv *const *kv, int il, float *q, float *k, float *v, float *ao, lle_attn_args *one,
+                           lle_attn_prep *prep) {
+    const int hd = L->head_dim, nq = L->n_head * hd, nk = L->n_kv_head * hd;
+    if (L->n_rot > hd) return 0;
+    for (int s = 0; s < n_seqs; s++)
+        if (seq_rows[s + 1] - seq_rows[s] != 1 || kv[s][il].kv_type == KV_Q8_0) return 0;
+    /* NULL (invalid parameters, no memory): the unfused path says which */
+    const float *rope = lle_rope_table_impl(pos, n, L->n_rot, L->rope_base, L->rope_scale, L->rope_factors,
+                                            L->rope_attn_factor, L->rope_ext_factor, L->rope_corr_lo, L->rope_corr_hi);
+    if (!rope) return 0;
+    for (int s = 0; s < n_seqs; s++) {  /* one row: its cell is cell_start */
+        const lle_kv *c = &kv[s][il];
+        const int r0 = seq_rows[s];
+        prep[s] = (lle_attn_prep){rope + (size_t)r0 * L->n_rot, L->n_rot, L->neox, L->q_scale, q + (size_t)r0 * nq,
+                                  k + (size_t)r0 * nk, v + (size_t)r0 * nk, c->k, c->v, c->kv_type == KV_F16,
+                                  c->cell_start};
+        one[s] = (lle_attn_args){q + (size_t)r0 * nq, 1, L->n_head, hd, c->k, c->v, c->kv_type == KV_F16, c->n_cells,
+                                 L->n_kv_head, nk, hd, nk, hd, pos + r0, c->pos, L->attn_scale, L->window, L->softcap,
+                                 ao + (size_t)r0 * nq, 0, &prep[s]};
+    }
+    return 1;
+}
+
+/* ---- a decode layer of several sequences as one pool job ----
+ * With one decode row per sequence (row-exact), a layer is 5 pool jobs (Q/K/V, attention, output, gate and
+ * up, down) with the norms, adds, GLU and activation quantizations between them run by the calling thread
+ * while the others wait. Each job's start and end hand cache lines between the cores (the job, its
+ * chunks, their state), which on a VM whose two vCPUs sit on different CCDs costs ~2.5 us a job instead
+ * of ~1 (an empty-ish job measured both ways here, Zen 5). layer_job runs the same work as one job of
+ * nine phases (ten where attention's prep steps need one of their own: tiers without attn_group): each
+ * phase's items (rows, weight chunks, attention tasks) go to whichever thread takes
+ * them (lle_chunks), and a phase starts once every item of the one before it is done, counted by each
+ * thread on its own cache line: a thread that is late (or never joins) holds nobody up unless it holds
+ * an item. Every value is the one the separate jobs give: the same kernels, chunks, attention tasks and
+ * per-row norms, quantizations and GLU, only run elsewhere. The output product's result is added to the
+ * residual at the next layer's start (h_pending), or by run_layers after the last. */
+enum { PH_ATTN_IN, PH_QKV, PH_PREP, PH_ATTN, PH_OUT_IN, PH_OUT, PH_FFN_IN, PH_GATE_UP, PH_DOWN_IN, PH_DOWN, PH_COUNT };
+static const int ph_slot[PH_COUNT] = {P_NORM, P_QKV, P_ATTN, P_ATTN, P_OUT, P_OUT, P_NORM, P_GATE_UP, P_GLU, P_DOWN};
+
+typedef struct {
+    const lle_layer *L;
+    float *x, *h, *xn, *ao, *gate, *up;
+    long long n;
+    int rows_per_item, add_h;
+    lle_mr_plan qkv[3], out, gu[2], down;
+    int64_t qkv_c0[4], gu_c0[3];
+    lle_attn_rows_plan attn;
+    const lle_layer *next; lle_kv *const *kv; int n_seqs, il;  /* PH_ATTN's last item: next layer's K/V prefetch */
+    int64_t total[PH_COUNT];
+    lle_chunks items[PH_COUNT];
+} layer_job;
+
+#define LLE_MAX_THREADS_LAYER 64
+typedef struct { _Alignas(64) int32_t done[PH_COUNT]; } phase_done;
+
+static inline void cpu_pause(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+static phase_done g_done[LLE_MAX_THREADS_LAYER];
+static int g_layer_job = 1;
+static int g_h_pending = 0;  /* h holds a fused layer's last product, not yet added to x */
+
+void lle_set_layer_job(int on) { g_layer_job = on; }
+
+static void prefetch_next_layer(const lle_layer *next, lle_kv *const *kv, int n_seqs, int il);
+
+static void quantize_rows(const lle_mr_plan *p, int np, const float *x, int64_t stride, int64_t r0, int64_t r1) {
+    for (int i = 0; i < np; i++)
+        if (p[i].owns_act)
+            for (int64_t r = r0; r < r1; r++) lle_mr_plan_quantize(&p[i], x + r * stride, r);
+}
+
+static void plan_chunk(const lle_mr_plan *p, const int64_t *c0, int64_t k) {
+    int i = 0;
+    while (k >= c0[i + 1]) i++;
+    lle_mr_plan_chunk(&p[i], k - c0[i]);
+}
+
+static void layer_item(layer_job *j, int ph, int64_t k, int ith) {
+    const lle_layer *L = j->L;
+    const int d = L->n_embd;
+    const int64_t r0 = k * j->rows_per_item, r1 = r0 + j->rows_per_item < j->n ? r0 + j->rows_per_item : j->n;
+    switch (ph) {
+    case PH_ATTN_IN:
+    case PH_FFN_IN:
+        if (ph == PH_FFN_IN || j->add_h)
+            for (int64_t i = r0 * d; i < r1 * d; i++) j->x[i] = j->x[i] + j->h[i];
+        lle_rms_norm_serial(j->x + r0 * d, ph == PH_ATTN_IN ? L->attn_norm : L->ffn_norm, r1 - r0, d, L->eps,
+                            j->xn + r0 * d);
+        if (ph == PH_ATTN_IN) quantize_rows(j->qkv, 3, j->xn, d, r0, r1);
+        else quantize_rows(j->gu, 2, j->xn, d, r0, r1);
+        break;
+    case PH_OUT_IN: quantize_rows(&j->out, 1, j->ao, (int64_t)L->n_head * L->head_dim, r0, r1); break;
+    case PH_DOWN_IN:
+        for (int64_t r = r0; r < r1; r++) {  /* as lle_glu_impl: each row from its start */
+            float *g = j->gate + r * L->n_ff;
+            if (L->glu_kind == 0) lle_ops->swiglu(L->n_ff, g, g, j->up + r * L->n_ff);
+            else lle_ops->geglu(L->n_ff, g, g, j->up + r * L->n_ff);
+        }
+        quantize_rows(&j->down, 1, j->gate, L->n_ff, r0, r1);
+        break;
+    case PH_QKV: plan_chunk(j->qkv, j->qkv_c0, k); lle_bg_prefetch_some(ith); break;
+    case PH_PREP: lle_attn_rows_prep(&j->attn, k); break;
+    case PH_ATTN:
+        if (k < j->attn.n_tasks) lle_attn_rows_task(&j->attn, ith, k);
+        else prefetch_next_layer(j->next, j->kv, j->n_seqs, j->il);
+        break;
+    case PH_OUT: lle_mr_plan_chunk(&j->out, k); lle_bg_prefetch_some(ith); break;
+    case PH_GATE_UP: plan_chunk(j->gu, j->gu_c0, k); lle_bg_prefetch_some(ith); break;
+    default: lle_mr_plan_chunk(&j->down, k); lle_bg_prefetch_some(ith); break;
+    }
+}
+
+/* wait until every item of phase ph is done (its writes visible) */
+static void phase_wait(const layer_job *j, int ph, int nth) {
+    for (int iter = 0;; iter++) {
+        int64_t sum = 0;
+        for (int t = 0; t < nth; t++) sum += __atomic_load_n(&g_done[t].done[ph], __ATOMIC_ACQUIRE);
+        if (sum >= j->total[ph]) return;
+        cpu_pause();
+        if (iter > 4096) sched_yield();
+    }
+}
+
+static void layer_task(void *vctx, int ith, int nth) {
+    layer_job *j = vctx;
+    int32_t *done = g_done[ith].done;
+    for (int ph = 0; ph < PH_COUNT; ph++) {
+        const double t0 = g_profile && ith == 0 ? now_ns() : 0;
+        int32_t mine = 0;
+        for (int64_t k; (k = lle_chunks_next(&j->items[ph], ith)) >= 0;) {
+            layer_item(j, ph, k, ith);
+            __atomic_store_n(&done[ph], ++mine, __ATOMIC_RELEASE);
+        }
+        phase_wait(j, ph, nth);
+        if (t0) g_prof_ns[ph_slot[ph]] += now_ns() - t0;
+    }
+}
+
+/* layer L as one job (see above); 1: it does not apply (nothing done), else 0 or an error */
+static int layer_job_run(const lle_layer *L, const lle_layer *next, float *x, long long n, lle_attn_args *one,
+                         int n_one, lle_kv *const *kv, int n_seqs, int il, float *xn, float *q, float *k, float *v,
+                         float *ao, float *h, float *gate, float *up) {
+    const int nth = lle_pool_threads();
+    if (nth < 2 || nth > LLE_MAX_THREADS_LAYER || n < 2 || n_one != n) return 1;
+    static layer_job j;
+    j = (layer_job){.L = L, .x = x, .h = h, .xn = xn, .ao = ao, .gate = gate, .up = up, .n = n,
+                    .add_h = g_h_pending, .next = next, .kv = kv, .n_seqs = n_seqs, .il = il};
+    const lle_weight *wqkv[3] = {&L->wq, &L->wk, &L->wv};
+    float *oqkv[3] = {q, k, v};
+    int rc = 0;
+    j.qkv_c0[0] = j.gu_c0[0] = 0;
+    for (int i = 0; i < 3 && !rc; i++) {
+        rc = lle_mr_plan_init(&j.qkv[i], wqkv[i], n, oqkv[i], i, i ? &j.qkv[i - 1] : NULL);
+        j.qkv_c0[i + 1] = j.qkv_c0[i] + j.qkv[i].n_chunks;
+    }
+    if (!rc) rc = lle_mr_plan_init(&j.out, &L->wo, n, h, 3, NULL);
+    for (int i = 0; i < 2 && !rc; i++) {
+        rc = lle_mr_plan_init(&j.gu[i], i ? &L->up : &L->gate, n, i ? up : gate, 4 + i, i ? &j.gu[0] : NULL);
+        j.gu_c0[i + 1] = j.gu_c0[i] + j.gu[i].n_chunks;
+    }
+    if (!rc) rc = lle_mr_plan_init(&j.down, &L->down, n, h, 6, NULL);
+    if (!rc) rc = lle_attn_rows_plan_init(&j.attn, one, n_one, 1);
+    if (rc) return rc;
+    j.rows_per_item = (int)((n + nth - 1) / nth);
+    if (j.rows_per_item > 4) j.rows_per_item = 4;
+    const int64_t row_items = (n + j.rows_per_item - 1) / j.rows_per_item;
+    const int64_t total[PH_COUNT] = {row_items, j.qkv_c0[3], j.attn.n_prep, j.attn.n_tasks + 1, row_items, j.out.n_chunks,
+                                     row_items, j.gu_c0[2], row_items, j.down.n_chunks};
+    for (int ph = 0; ph < PH_COUNT; ph++) {
+        j.total[ph] = total[ph];
+        lle_chunks_init(&j.items[ph], total[ph], nth);
+    }
+    for (int t = 0; t < nth; t++) memset(g_done[t].done, 0, sizeof(g_done[t].done));
+    lle_pool_run(layer_task, &j);
+    g_h_pending = 1;
+    return 0;
+}
+
 static int layer_forward(const lle_layer *L, const lle_layer *next, float *x, long long n, const int *pos,
                          int n_seqs, const int *seq_rows, lle_kv *const *kv, int il) {
     const int d = L->n_embd, hd = L->head_dim, nq = L->n_head * hd, nk = L->n_kv_head * hd;
@@ -160,7 +348,20 @@ static int layer_forward(const lle_layer *L, const lle_layer *next, float *x, lo
     float *v = buf(3, (size_t)n * nk), *ao = buf(4, (size_t)n * nq), *h = buf(5, (size_t)n * d);
     float *gate = buf(6, (size_t)n * L->n_ff), *up = buf(7, (size_t)n * L->n_ff);
     if (!xn || !q || !k || !v || !ao || !h || !gate || !up) return -2;
+    lle_attn_prep *prep = NULL;
+    lle_attn_args *one = attn_rows(n, &prep);
+    if (!one) return -2;
+    if (g_rows && n > 1 && g_layer_job && !L->fused_qkv && !L->fused_gate_up && !L->bq && !L->bo && !L->q_norm &&
+        !L->k_norm && !L->post_attn_norm && !L->post_ffn_norm && L->residual_scale == 1.0f &&
+        fused_attn_args(L, n, pos, n_seqs, seq_rows, kv, il, q, k, v, ao, one, prep)) {
+        const int r = layer_job_run(L, next, x, n, one, n_seqs, kv, n_seqs, il, xn, q, k, v, ao, h, gate, up);
+        if (r != 1) return r;
+    }
     int rc = 0;
+    if (g_h_pending) {  /* the last layer ran as one job: its output product is still to be added */
+        TIMED(P_ADD, rc |= lle_add_impl(x, h, n * d, x));
+        g_h_pending = 0;
+    }
     /* attention block */
     TIMED(P_NORM, rc |= lle_rms_norm_impl(x, L->attn_norm, n, d, L->eps, xn));
     if (L->fused_qkv) {
@@ -181,16 +382,7 @@ static int layer_forward(const lle_layer *L, const lle_layer *next, float *x, lo
     }
     if (L->q_norm) TIMED(P_NORM, rc |= lle_rms_norm_impl(q, L->q_norm, n * L->n_head, hd, L->eps, q));
     if (L->k_norm) TIMED(P_NORM, rc |= lle_rms_norm_impl(k, L->k_norm, n * L->n_kv_head, hd, L->eps, k));
-    /* decode rows (one per sequence) over float caches: each row's RoPE, Q scaling and K/V stores are
-     * done per KV head in the attention job, by the task that reads that head (lle_attn_prep) */
-    int fused = L->n_rot <= hd;
-    for (int s = 0; s < n_seqs && fused; s++)
-        fused = seq_rows[s + 1] - seq_rows[s] == 1 && kv[s][il].kv_type != KV_Q8_0;
-    const float *rope = NULL;
-    if (fused)  /* NULL (invalid parameters, no memory): the path below says which */
-        fused = (rope = lle_rope_table_impl(pos, n, L->n_rot, L->rope_base, L->rope_scale, L->rope_factors,
-                                            L->rope_attn_factor, L->rope_ext_factor, L->rope_corr_lo,
-                                            L->rope_corr_hi)) != NULL;
+    const int fused = fused_attn_args(L, n, pos, n_seqs, seq_rows, kv, il, q, k, v, ao, one, prep);
     if (!fused) {
         TIMED(P_ROPE,
               rc |= lle_rope_impl(q, pos, n, L->n_head, hd, L->n_rot, L->rope_base, L->rope_scale, L->neox,
@@ -205,25 +397,11 @@ static int layer_forward(const lle_layer *L, const lle_layer *next, float *x, lo
     /* one-row attention problems (a decode row, or any row in row-exact mode) over float caches go to
      * one pool job for every sequence and head (lle_attention_rows_impl: the same numbers per row);
      * prompt chunks and q8_0 caches (dequantized per sequence into one buffer) run per sequence */
-    lle_attn_prep *prep = NULL;
-    lle_attn_args *one = attn_rows(n, &prep);
-    int n_one = 0;
-    if (!one) return -2;
-    for (int s = 0; s < n_seqs; s++) {
+    int n_one = fused ? n_seqs : 0;
+    for (int s = 0; s < n_seqs && !fused; s++) {
         const lle_kv *c = &kv[s][il];
         const int r0 = seq_rows[s], ns = seq_rows[s + 1] - r0;
         const void *kc = c->k, *vc = c->v;
-        if (fused) {  /* one row: its cell is cell_start */
-            prep[n_one] = (lle_attn_prep){rope + (size_t)r0 * L->n_rot, L->n_rot, L->neox, L->q_scale,
-                                          q + (size_t)r0 * nq, k + (size_t)r0 * nk, v + (size_t)r0 * nk, c->k, c->v,
-                                          c->kv_type == KV_F16, c->cell_start};
-            one[n_one] = (lle_attn_args){q + (size_t)r0 * nq, 1, L->n_head, hd, kc, vc, c->kv_type == KV_F16,
-                                         c->n_cells, L->n_kv_head, nk, hd, nk, hd, pos + r0, c->pos,
-                                         L->attn_scale, L->window, L->softcap, ao + (size_t)r0 * nq, 0,
-                                         &prep[n_one]};
-            n_one++;
-            continue;
-        }
         TIMED(P_KV_STORE,
               store_rows(c->k, c->k_d, c->kv_type, k + (size_t)r0 * nk, ns, nk, c->cell_start, c->n_first);
               store_rows(c->v, c->v_d, c->kv_type, v + (size_t)r0 * nk, ns, nk, c->cell_start, c->n_first));
@@ -333,6 +511,10 @@ static int run_layers(const lle_layer *layers, int n_layer, float *x, long long 
     g_rows = rows;
     for (int il = 0; il < n_layer && rc == 0; il++)
         rc = layer_forward(&layers[il], il + 1 < n_layer ? &layers[il + 1] : NULL, x, n, pos, n_seqs, seq_rows, kv, il);
+    if (g_h_pending) {  /* the last layer's output product, run as one job, is still to be added */
+        if (rc == 0) rc = lle_add_impl(x, g_bufs[5].p, n * layers[n_layer - 1].n_embd, x);
+        g_h_pending = 0;
+    }
     g_rows = 0;
     lle_bg_prefetch_set(NULL, 0);
     lle_unlock();

@@ -87,6 +87,7 @@ void lle_set_attn_wide_min(long long cells);
 /* cells up to which the AVX-512 tier's decode V sums add their 64 lanes 4 by 4 in registers (default
  * LLE_ATTN_TREE_MAX; -1: never; the same values either way) */
 void lle_set_attn_tree_max(long long cells);
+void lle_set_layer_job(int on);
 int lle_attention(const float *q, long long n, long long n_head, long long d,
                   const void *k, const void *v, int kv_f16, long long t, long long n_kv,
                   long long k_stride_t, long long k_stride_h, long long v_stride_t, long long v_stride_h,

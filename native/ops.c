@@ -203,6 +203,11 @@ static void rms_rows(void *vctx, int64_t r0, int64_t r1) {
     }
 }
 
+void lle_rms_norm_serial(const float *x, const float *w, long long n, long long d, float eps, float *out) {
+    rms_ctx c = {x, w, d, eps, out};
+    rms_rows(&c, 0, n);
+}
+
 int lle_rms_norm_impl(const float *x, const float *w, long long n, long long d, float eps, float *out) {
     rms_ctx c = {x, w, d, eps, out};
     parallel_rows(rms_rows, &c, n, d);
@@ -526,9 +531,7 @@ int lle_attention_impl(const float *q, long long n, long long n_head, long long 
 /* one pool job over several one-row problems: a task is `nh` heads of one problem that share a KV
  * head (attn_group: its K/V rows read once for them), or one head when nh == 1 */
 typedef struct {
-    const lle_attn_args *a; int count; int64_t n_head; int nh;
-    float *scratch; int64_t scratch_per_thread, per_head;
-    int prep;  /* each task first does its KV head's lle_attn_prep steps (nh is the heads per KV head) */
+    lle_attn_rows_plan plan;
     lle_chunks tasks;
 } attn_rows_ctx;
 
@@ -561,19 +564,23 @@ static void attn_prep_all(const lle_attn_args *a, int count) {
             for (int64_t g = 0; g < a[i].n_kv; g++) attn_prep(&a[i], g);
 }
 
+void lle_attn_rows_task(const lle_attn_rows_plan *c, int ith, int64_t task) {
+    float *scratch = c->scratch + ith * c->scratch_per_thread;
+    const int64_t per_problem = c->n_head / c->nh;
+    const lle_attn_args *a = &c->a[task / per_problem];
+    const int64_t h0 = (task % per_problem) * c->nh;
+    if (c->prep && a->prep) attn_prep(a, h0 / c->nh);  /* c->nh is the heads per KV head */
+    if (c->nh == 1) lle_ops->attn_row(a, 0, h0, scratch);
+    else lle_ops->attn_group(a, 0, h0, c->nh, scratch, c->per_head);
+}
+
 static void attn_rows_task(void *vctx, int ith, int nth) {
     (void)nth;
     attn_rows_ctx *c = vctx;
-    float *scratch = c->scratch + ith * c->scratch_per_thread;
-    const int64_t per_problem = c->n_head / c->nh;
     for (;;) {
         const int64_t task = lle_chunks_next(&c->tasks, ith);
         if (task < 0) break;
-        const lle_attn_args *a = &c->a[task / per_problem];
-        const int64_t h0 = (task % per_problem) * c->nh;
-        if (c->prep && a->prep) attn_prep(a, h0 / c->nh);  /* c->nh is the heads per KV head */
-        if (c->nh == 1) lle_ops->attn_row(a, 0, h0, scratch);
-        else lle_ops->attn_group(a, 0, h0, c->nh, scratch, c->per_head);
+        lle_attn_rows_task(&c->plan, ith, task);
     }
 }
 
@@ -719,12 +726,7 @@ static int attn_wide(const lle_attn_args *a, int count) {
 
 #define LLE_ATTN_ROWS_POOL_MIN 10000
 
-int lle_attention_rows_impl(const lle_attn_args *a, int count) {
-    if (count <= 0) return 0;
-    if (attn_wide_eligible(a, count)) {
-        attn_prep_all(a, count);
-        return attn_wide(a, count);
-    }
+int lle_attn_rows_plan_init(lle_attn_rows_plan *c, const lle_attn_args *a, int count, int whole) {
     int64_t per = 0, work = 0;
     int prep = 0;  /* some problem still needs its lle_attn_prep steps */
     for (int i = 0; i < count; i++) {
@@ -738,21 +740,39 @@ int lle_attention_rows_impl(const lle_attn_args *a, int count) {
     }
     const int nth = lle_pool_threads();
     const int nh = attn_heads_per_task(a, count, nth);
+    if (whole && attn_wide_eligible(a, count)) return 1;
     float *scratch = lle_scratch_ops((size_t)(per * nh * nth) * sizeof(float));
     if (!scratch) return -2;
-    if (prep && nh != a[0].n_head / a[0].n_kv) {  /* several tasks would read one KV head */
+    /* several tasks would read one KV head: its prep steps go first, as items of their own */
+    const int split = prep && nh != a[0].n_head / a[0].n_kv;
+    *c = (lle_attn_rows_plan){a, count, a[0].n_head, nh, scratch, per * nh, per, prep && !split,
+                              count * (a[0].n_head / nh), work, split ? count * a[0].n_kv : 0};
+    return 0;
+}
+
+void lle_attn_rows_prep(const lle_attn_rows_plan *c, int64_t item) {
+    const lle_attn_args *a = &c->a[item / c->a[0].n_kv];
+    if (a->prep) attn_prep(a, item % c->a[0].n_kv);
+}
+
+int lle_attention_rows_impl(const lle_attn_args *a, int count) {
+    if (count <= 0) return 0;
+    if (attn_wide_eligible(a, count)) {
         attn_prep_all(a, count);
-        prep = 0;
+        return attn_wide(a, count);
     }
-    attn_rows_ctx c = {a, count, a[0].n_head, nh, scratch, per * nh, per, prep, {.n = 0}};
+    attn_rows_ctx c;
+    const int rc = lle_attn_rows_plan_init(&c.plan, a, count, 0);
+    if (rc) return rc;
+    if (c.plan.n_prep) attn_prep_all(a, count);
     /* one thread below LLE_ATTN_ROWS_POOL_MIN multiply-adds, where the pool round trip costs more than it
      * saves. It was 100k (as lle_attention_impl's), which left the decode attention of one sequence on one
      * thread up to ~170 cells (SmolLM2) and that of 4 sequences up to ~40: measured here (Zen 5, 2 threads,
      * in-process A/B alternating step by step, medians) at 10k, SmolLM2's decode step from 17 to 145 cells
      * 2.075 -> 2.034 ms for one sequence and 2.667 -> 2.638 ms for four; from 10 to 42 cells, four
      * sequences 2.536 -> 2.426 ms. Each head is computed as alone either way: the split changes no value. */
-    lle_pool_run_chunks(attn_rows_task, &c, &c.tasks, count * (a[0].n_head / nh),
-                        nth == 1 || work < LLE_ATTN_ROWS_POOL_MIN);
+    lle_pool_run_chunks(attn_rows_task, &c, &c.tasks, c.plan.n_tasks,
+                        lle_pool_threads() == 1 || c.plan.work < LLE_ATTN_ROWS_POOL_MIN);
     return 0;
 }
 

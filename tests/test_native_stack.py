@@ -93,3 +93,35 @@ def test_fused_stack_refuses_rows_without_room_and_claims_nothing(model_paths: d
     out = net.forward(Batch(np.array(ids[:4]), np.arange(28, 32), cache, np.array([3])))  # exactly fits
     assert out.shape == (1, m.params.n_vocab)
     assert all(layer.used == 32 and list(layer.pos[28:32]) == [28, 29, 30, 31] for layer in cache.layers)
+
+
+@pytest.mark.parametrize("n_seqs", [2, 3, 4])
+def test_decode_layer_as_one_job_gives_the_separate_jobs_logits(n_seqs: int, model_paths: dict[str, Path]) -> None:
+    """Several sequences' decode rows run each layer as one pool job of phases (layer.c's layer_job) or as
+    separate jobs with the norms, adds and GLU between them: every logit is the same bit for bit, over
+    steps where the sequences hold different numbers of cells (and the row phases split rows unevenly)."""
+    from llmedge.backends.native import lib
+
+    m = Model(model_paths["smollm2"], backend="native", n_ctx=256)
+    net, eng = m.model, m.engine
+    prompts = [_ids(m, n, start) for n, start in ((9, 0), (23, 500), (4, 1200), (40, 2000))[:n_seqs]]
+    logits = {}
+    try:
+        for on in (1, 0):
+            lib.lle_set_layer_job(on)
+            caches = [eng.new_cache() for _ in prompts]
+            for c, p in zip(caches, prompts):
+                eng.forward(c, p)
+            rows = []
+            for tok in (42, 7, 1999):
+                pos = [c.offset for c in caches]
+                out = net.forward_many([Batch(np.array([tok]), np.array([q]), c, row_exact=True)
+                                        for q, c in zip(pos, caches)])
+                for c in caches:
+                    c.tokens.append(tok)
+                rows.append(np.concatenate(out))
+            logits[on] = np.stack(rows)
+    finally:
+        lib.lle_set_layer_job(1)
+    assert logits[1].shape == (3, n_seqs, m.params.n_vocab)
+    assert np.array_equal(logits[1], logits[0])
