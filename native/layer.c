@@ -187,15 +187,17 @@ static int fused_attn_args(const lle_layer *L, long long n, const int *pos, int 
  * while the others wait. Each job's start and end hand cache lines between the cores (the job, its
  * chunks, their state), which on a VM whose two vCPUs sit on different CCDs costs ~2.5 us a job instead
  * of ~1 (an empty-ish job measured both ways here, Zen 5). layer_job runs the same work as one job of
- * nine phases (ten where attention's prep steps need one of their own: tiers without attn_group): each
+ * eight phases (nine where attention's prep steps need one of their own: tiers without attn_group): each
  * phase's items (rows, weight chunks, attention tasks) go to whichever thread takes
  * them (lle_chunks), and a phase starts once every item of the one before it is done, counted by each
  * thread on its own cache line: a thread that is late (or never joins) holds nobody up unless it holds
  * an item. Every value is the one the separate jobs give: the same kernels, chunks, attention tasks and
- * per-row norms, quantizations and GLU, only run elsewhere. The output product's result is added to the
- * residual at the next layer's start (h_pending), or by run_layers after the last. */
-enum { PH_ATTN_IN, PH_QKV, PH_PREP, PH_ATTN, PH_OUT_IN, PH_OUT, PH_FFN_IN, PH_GATE_UP, PH_DOWN_IN, PH_DOWN, PH_COUNT };
-static const int ph_slot[PH_COUNT] = {P_NORM, P_QKV, P_ATTN, P_ATTN, P_OUT, P_OUT, P_NORM, P_GATE_UP, P_GLU, P_DOWN};
+ * per-row norms, quantizations and GLU, only run elsewhere (a row's quantization for the output product by
+ * the attention task that finishes its last heads). The down product's result is added to the residual
+ * at the next layer's start (g_h_pending), or by run_layers after the last. */
+#define LLE_LAYER_JOB_ROWS 64  /* sequences one layer job takes */
+enum { PH_ATTN_IN, PH_QKV, PH_PREP, PH_ATTN, PH_OUT, PH_FFN_IN, PH_GATE_UP, PH_DOWN_IN, PH_DOWN, PH_COUNT };
+static const int ph_slot[PH_COUNT] = {P_NORM, P_QKV, P_ATTN, P_ATTN, P_OUT, P_NORM, P_GATE_UP, P_GLU, P_DOWN};
 
 typedef struct {
     const lle_layer *L;
@@ -206,8 +208,9 @@ typedef struct {
     int64_t qkv_c0[4], gu_c0[3];
     lle_attn_rows_plan attn;
     const lle_layer *next; lle_kv *const *kv; int n_seqs, il;  /* PH_ATTN's last item: next layer's K/V prefetch */
-    int64_t total[PH_COUNT];
+    int64_t total[PH_COUNT], tasks_per_row;
     lle_chunks items[PH_COUNT];
+    struct { _Alignas(64) int32_t n; } heads_left[LLE_LAYER_JOB_ROWS];  /* per row: attention tasks to go */
 } layer_job;
 
 #define LLE_MAX_THREADS_LAYER 64
@@ -254,7 +257,6 @@ static void layer_item(layer_job *j, int ph, int64_t k, int ith) {
         if (ph == PH_ATTN_IN) quantize_rows(j->qkv, 3, j->xn, d, r0, r1);
         else quantize_rows(j->gu, 2, j->xn, d, r0, r1);
         break;
-    case PH_OUT_IN: quantize_rows(&j->out, 1, j->ao, (int64_t)L->n_head * L->head_dim, r0, r1); break;
     case PH_DOWN_IN:
         for (int64_t r = r0; r < r1; r++) {  /* as lle_glu_impl: each row from its start */
             float *g = j->gate + r * L->n_ff;
@@ -266,8 +268,16 @@ static void layer_item(layer_job *j, int ph, int64_t k, int ith) {
     case PH_QKV: plan_chunk(j->qkv, j->qkv_c0, k); lle_bg_prefetch_some(ith); break;
     case PH_PREP: lle_attn_rows_prep(&j->attn, k); break;
     case PH_ATTN:
-        if (k < j->attn.n_tasks) lle_attn_rows_task(&j->attn, ith, k);
-        else prefetch_next_layer(j->next, j->kv, j->n_seqs, j->il);
+        if (k == j->attn.n_tasks) {
+            prefetch_next_layer(j->next, j->kv, j->n_seqs, j->il);
+            break;
+        }
+        lle_attn_rows_task(&j->attn, ith, k);
+        /* the task that finishes a row's last heads quantizes that row for the output product (its
+         * values are all there: the counter orders the other tasks' writes before this) */
+        const int64_t r = k / j->tasks_per_row;
+        if (__atomic_sub_fetch(&j->heads_left[r].n, 1, __ATOMIC_ACQ_REL) == 0)
+            quantize_rows(&j->out, 1, j->ao, (int64_t)L->n_head * L->head_dim, r, r + 1);
         break;
     case PH_OUT: lle_mr_plan_chunk(&j->out, k); lle_bg_prefetch_some(ith); break;
     case PH_GATE_UP: plan_chunk(j->gu, j->gu_c0, k); lle_bg_prefetch_some(ith); break;
@@ -306,7 +316,7 @@ static int layer_job_run(const lle_layer *L, const lle_layer *next, float *x, lo
                          int n_one, lle_kv *const *kv, int n_seqs, int il, float *xn, float *q, float *k, float *v,
                          float *ao, float *h, float *gate, float *up) {
     const int nth = lle_pool_threads();
-    if (nth < 2 || nth > LLE_MAX_THREADS_LAYER || n < 2 || n_one != n) return 1;
+    if (nth < 2 || nth > LLE_MAX_THREADS_LAYER || n < 2 || n > LLE_LAYER_JOB_ROWS || n_one != n) return 1;
     static layer_job j;
     j = (layer_job){.L = L, .x = x, .h = h, .xn = xn, .ao = ao, .gate = gate, .up = up, .n = n,
                     .add_h = g_h_pending, .next = next, .kv = kv, .n_seqs = n_seqs, .il = il};
@@ -329,7 +339,9 @@ static int layer_job_run(const lle_layer *L, const lle_layer *next, float *x, lo
     j.rows_per_item = (int)((n + nth - 1) / nth);
     if (j.rows_per_item > 4) j.rows_per_item = 4;
     const int64_t row_items = (n + j.rows_per_item - 1) / j.rows_per_item;
-    const int64_t total[PH_COUNT] = {row_items, j.qkv_c0[3], j.attn.n_prep, j.attn.n_tasks + 1, row_items, j.out.n_chunks,
+    j.tasks_per_row = j.attn.n_tasks / n;
+    for (long long r = 0; r < n; r++) j.heads_left[r].n = (int32_t)j.tasks_per_row;
+    const int64_t total[PH_COUNT] = {row_items, j.qkv_c0[3], j.attn.n_prep, j.attn.n_tasks + 1, j.out.n_chunks,
                                      row_items, j.gu_c0[2], row_items, j.down.n_chunks};
     for (int ph = 0; ph < PH_COUNT; ph++) {
         j.total[ph] = total[ph];
