@@ -29,6 +29,16 @@
 #define LLE_ARM64 1
 #endif
 
+/* a spin-wait's pause (the pool's workers, layer.c's phase waits) */
+#if defined(LLE_X86)
+#include <xmmintrin.h>
+#define LLE_PAUSE() _mm_pause()
+#elif defined(LLE_ARM64)
+#define LLE_PAUSE() __asm__ __volatile__("yield")
+#else
+#define LLE_PAUSE() ((void)0)
+#endif
+
 /* The hint of every prefetch that runs ahead of a weight stream (x86 decode kernels), chosen per
  * process by lle_set_weight_prefetch: non-temporal (NTA) by default, T0 when the weights a step reads
  * fit in the last-level cache (the Python backend decides, see llmedge/backends/native.py).

@@ -214,22 +214,12 @@ typedef struct {
 } layer_job;
 
 #define LLE_MAX_THREADS_LAYER 64
-typedef struct { _Alignas(64) int32_t done[PH_COUNT]; } phase_done;
-
-static inline void cpu_pause(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
+typedef struct { _Alignas(64) int32_t done[PH_COUNT]; } phase_done;  /* one thread's items done, per phase */
 static phase_done g_done[LLE_MAX_THREADS_LAYER];
 static int g_layer_job = 1;
 static int g_h_pending = 0;  /* h holds a fused layer's last product, not yet added to x */
 
 void lle_set_layer_job(int on) { g_layer_job = on; }
-
-static void prefetch_next_layer(const lle_layer *next, lle_kv *const *kv, int n_seqs, int il);
 
 static void quantize_rows(const lle_mr_plan *p, int np, const float *x, int64_t stride, int64_t r0, int64_t r1) {
     for (int i = 0; i < np; i++)
@@ -291,7 +281,7 @@ static void phase_wait(const layer_job *j, int ph, int nth) {
         int64_t sum = 0;
         for (int t = 0; t < nth; t++) sum += __atomic_load_n(&g_done[t].done[ph], __ATOMIC_ACQUIRE);
         if (sum >= j->total[ph]) return;
-        cpu_pause();
+        LLE_PAUSE();
         if (iter > 4096) sched_yield();
     }
 }
@@ -323,7 +313,6 @@ static int layer_job_run(const lle_layer *L, const lle_layer *next, float *x, lo
     const lle_weight *wqkv[3] = {&L->wq, &L->wk, &L->wv};
     float *oqkv[3] = {q, k, v};
     int rc = 0;
-    j.qkv_c0[0] = j.gu_c0[0] = 0;
     for (int i = 0; i < 3 && !rc; i++) {
         rc = lle_mr_plan_init(&j.qkv[i], wqkv[i], n, oqkv[i], i, i ? &j.qkv[i - 1] : NULL);
         j.qkv_c0[i + 1] = j.qkv_c0[i] + j.qkv[i].n_chunks;
@@ -363,9 +352,9 @@ static int layer_forward(const lle_layer *L, const lle_layer *next, float *x, lo
     lle_attn_prep *prep = NULL;
     lle_attn_args *one = attn_rows(n, &prep);
     if (!one) return -2;
-    if (g_rows && n > 1 && g_layer_job && !L->fused_qkv && !L->fused_gate_up && !L->bq && !L->bo && !L->q_norm &&
-        !L->k_norm && !L->post_attn_norm && !L->post_ffn_norm && L->residual_scale == 1.0f &&
-        fused_attn_args(L, n, pos, n_seqs, seq_rows, kv, il, q, k, v, ao, one, prep)) {
+    const int fused = fused_attn_args(L, n, pos, n_seqs, seq_rows, kv, il, q, k, v, ao, one, prep);
+    if (fused && g_rows && n > 1 && g_layer_job && !L->fused_qkv && !L->fused_gate_up && !L->bq && !L->bo &&
+        !L->q_norm && !L->k_norm && !L->post_attn_norm && !L->post_ffn_norm && L->residual_scale == 1.0f) {
         const int r = layer_job_run(L, next, x, n, one, n_seqs, kv, n_seqs, il, xn, q, k, v, ao, h, gate, up);
         if (r != 1) return r;
     }
@@ -394,7 +383,6 @@ static int layer_forward(const lle_layer *L, const lle_layer *next, float *x, lo
     }
     if (L->q_norm) TIMED(P_NORM, rc |= lle_rms_norm_impl(q, L->q_norm, n * L->n_head, hd, L->eps, q));
     if (L->k_norm) TIMED(P_NORM, rc |= lle_rms_norm_impl(k, L->k_norm, n * L->n_kv_head, hd, L->eps, k));
-    const int fused = fused_attn_args(L, n, pos, n_seqs, seq_rows, kv, il, q, k, v, ao, one, prep);
     if (!fused) {
         TIMED(P_ROPE,
               rc |= lle_rope_impl(q, pos, n, L->n_head, hd, L->n_rot, L->rope_base, L->rope_scale, L->neox,

@@ -14,14 +14,6 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <time.h>
-#if defined(LLE_X86)
-#include <immintrin.h>
-#define LLE_PAUSE() _mm_pause()
-#elif defined(LLE_ARM64)
-#define LLE_PAUSE() __asm__ __volatile__("yield")
-#else
-#define LLE_PAUSE() ((void)0)
-#endif
 
 #define LLE_MAX_THREADS 256
 
