@@ -568,6 +568,8 @@ void lle_attn_rows_task(const lle_attn_rows_plan *c, int ith, int64_t task);
 /* rms_norm of n rows on the calling thread (lle_rms_norm_impl's values) */
 void lle_rms_norm_serial(const float *x, const float *w, long long n, long long d, float eps, float *out);
 int lle_glu_impl(const float *gate, const float *up, long long n, long long row, int kind, float *out);
+/* lle_glu_impl's values (kind 0 or 1, n a multiple of row) on the calling thread */
+void lle_glu_serial(const float *gate, const float *up, long long n, long long row, int kind, float *out);
 int lle_add_impl(const float *a, const float *b, long long n, float *out);
 int lle_scale_impl(const float *x, float s, long long n, float *out);
 void lle_lock(void);

@@ -248,11 +248,8 @@ static void layer_item(layer_job *j, int ph, int64_t k, int ith) {
         else quantize_rows(j->gu, 2, j->xn, d, r0, r1);
         break;
     case PH_DOWN_IN:
-        for (int64_t r = r0; r < r1; r++) {  /* as lle_glu_impl: each row from its start */
-            float *g = j->gate + r * L->n_ff;
-            if (L->glu_kind == 0) lle_ops->swiglu(L->n_ff, g, g, j->up + r * L->n_ff);
-            else lle_ops->geglu(L->n_ff, g, g, j->up + r * L->n_ff);
-        }
+        lle_glu_serial(j->gate + r0 * L->n_ff, j->up + r0 * L->n_ff, (r1 - r0) * L->n_ff, L->n_ff, L->glu_kind,
+                       j->gate + r0 * L->n_ff);
         quantize_rows(&j->down, 1, j->gate, L->n_ff, r0, r1);
         break;
     case PH_QKV: plan_chunk(j->qkv, j->qkv_c0, k); lle_bg_prefetch_some(ith); break;
@@ -303,10 +300,10 @@ static void layer_task(void *vctx, int ith, int nth) {
 
 /* layer L as one job (see above); 1: it does not apply (nothing done), else 0 or an error */
 static int layer_job_run(const lle_layer *L, const lle_layer *next, float *x, long long n, lle_attn_args *one,
-                         int n_one, lle_kv *const *kv, int n_seqs, int il, float *xn, float *q, float *k, float *v,
-                         float *ao, float *h, float *gate, float *up) {
+                         lle_kv *const *kv, int n_seqs, int il, float *xn, float *q, float *k, float *v, float *ao,
+                         float *h, float *gate, float *up) {
     const int nth = lle_pool_threads();
-    if (nth < 2 || nth > LLE_MAX_THREADS_LAYER || n < 2 || n > LLE_LAYER_JOB_ROWS || n_one != n) return 1;
+    if (nth < 2 || nth > LLE_MAX_THREADS_LAYER || n < 2 || n > LLE_LAYER_JOB_ROWS || n_seqs != n) return 1;
     static layer_job j;
     j = (layer_job){.L = L, .x = x, .h = h, .xn = xn, .ao = ao, .gate = gate, .up = up, .n = n,
                     .add_h = g_h_pending, .next = next, .kv = kv, .n_seqs = n_seqs, .il = il};
@@ -323,7 +320,7 @@ static int layer_job_run(const lle_layer *L, const lle_layer *next, float *x, lo
         j.gu_c0[i + 1] = j.gu_c0[i] + j.gu[i].n_chunks;
     }
     if (!rc) rc = lle_mr_plan_init(&j.down, &L->down, n, h, 6, NULL);
-    if (!rc) rc = lle_attn_rows_plan_init(&j.attn, one, n_one, 1);
+    if (!rc) rc = lle_attn_rows_plan_init(&j.attn, one, n_seqs, 1);
     if (rc) return rc;
     j.rows_per_item = (int)((n + nth - 1) / nth);
     if (j.rows_per_item > 4) j.rows_per_item = 4;
@@ -355,7 +352,7 @@ static int layer_forward(const lle_layer *L, const lle_layer *next, float *x, lo
     const int fused = fused_attn_args(L, n, pos, n_seqs, seq_rows, kv, il, q, k, v, ao, one, prep);
     if (fused && g_rows && n > 1 && g_layer_job && !L->fused_qkv && !L->fused_gate_up && !L->bq && !L->bo &&
         !L->q_norm && !L->k_norm && !L->post_attn_norm && !L->post_ffn_norm && L->residual_scale == 1.0f) {
-        const int r = layer_job_run(L, next, x, n, one, n_seqs, kv, n_seqs, il, xn, q, k, v, ao, h, gate, up);
+        const int r = layer_job_run(L, next, x, n, one, kv, n_seqs, il, xn, q, k, v, ao, h, gate, up);
         if (r != 1) return r;
     }
     int rc = 0;

@@ -820,6 +820,11 @@ static void parallel_elems(row_fn fn, void *ctx, int64_t n, int64_t row) {
     lle_pool_run_chunks(rows_task, &c, &c.chunks, (n + c.chunk - 1) / c.chunk, 0);
 }
 
+void lle_glu_serial(const float *gate, const float *up, long long n, long long row, int kind, float *out) {
+    ew_ctx c = {gate, up, 0, kind, out, row};
+    glu_rows(&c, 0, n);
+}
+
 int lle_glu_impl(const float *gate, const float *up, long long n, long long row, int kind, float *out) {
     if (kind != 0 && kind != 1) return -1;
     if (row <= 0 || n % row != 0) return -1;
