@@ -17,7 +17,11 @@ stream's greedy text must equal that prompt's text generated alone (the run stop
 one's (which goes first alternates from round to round), and the ratio of their N-stream aggregate
 rates is printed (the issue: at least 1.0). The
 machine's load average is printed with each round: other processes competing for the cores distort
-the figures, so repeat on a quiet machine. Each round also prints this client's own CPU time per token:
+the figures, so repeat on a quiet machine. So is the round trip of a cache line between two cores (llmedge's
+native probe, ``core_round_trip_ns``, in this process just before the round): every phase of a batched
+step ends in such hand-offs, and where the two cores do not share a cache (a VM whose two vCPUs sit on
+different CCDs: several times the round trip) the ratio is lower; with rounds in both states the
+summary gives each state's rounds apart. Each round also prints this client's own CPU time per token:
 on a machine with few cores the client competes with the server's compute threads for them, so the rounds'
 requests go through a plain HTTP/1.1 socket by default (``--client raw``: the response parsed after its
 last byte, and with SO_RCVLOWAT the kernel wakes this client once per response, not once per token)
@@ -213,6 +217,27 @@ def summary(ratios: list[float]) -> str:
             f"{sum(r >= 3.0 for r in ratios)} at 3.0x or more")
 
 
+def core_round_trip() -> float | None:
+    """A cache line's round trip between two of llmedge's native pool threads in this process, in ns."""
+    from llmedge.backends.native import NativeBackend, core_round_trip_ns
+
+    NativeBackend()  # the pool, one thread per physical core (as the server's)
+    return core_round_trip_ns()
+
+
+def by_state(ratios: list[float], trips: list[float | None]) -> list[str]:
+    """Where the rounds' core round trips differ by more than 3x (the cores sharing a cache in some rounds,
+    not in others): the ratios of the rounds within 2x of the lowest round trip, and of the others."""
+    known = [t for t in trips if t]
+    if not known or max(known) <= 3 * min(known):
+        return []
+    low = 2 * min(known)
+    near = [r for r, t in zip(ratios, trips) if t and t <= low]
+    far = [r for r, t in zip(ratios, trips) if t and t > low]
+    return [f"  rounds with the cores' round trip up to {low:.0f} ns ({len(near)}): {summary(near)}",
+            f"  rounds with it above ({len(far)}): {summary(far)}"]
+
+
 def round_trip(label: str, url: str, pid: int, args: argparse.Namespace, solo: list[str]) -> tuple[float, float]:
     """One stream, then ``args.streams`` concurrent ones (stream i with prompt i); every stream's text must
     be its prompt's text alone (``solo``). Returns the aggregate end-to-end rate of the concurrent streams
@@ -335,7 +360,10 @@ def main() -> None:
         ratios: list[float] = []  # the plain server's, round by round
         engine = EngineRounds(args) if args.engine else None
         engine_ratios: list[float] = []  # the engine alone's, each right after that round's server rounds
+        trips: list[float | None] = []  # the cores' round trip before each round
         for k in range(args.repeat):
+            trips.append(core_round_trip())
+            print(f"round {k + 1}: a cache line's round trip between two cores {trips[-1] or 0:.0f} ns")
             # with two servers, which goes first alternates (A B, B A, ...): the machine's speed drifts
             order = list(range(len(servers))) if k % 2 == 0 else list(range(len(servers)))[::-1]
             rates = [0.0] * len(servers)
@@ -350,6 +378,8 @@ def main() -> None:
                 engine_ratios.append(engine.round(solo))
         if len(ratios) > 1:
             print(f"{args.streams} streams over 1, end to end, {len(ratios)} rounds: {summary(ratios)}")
+            print("\n".join(by_state(ratios, trips)) or f"the cores' round trip: {min(t or 0 for t in trips):.0f}-"
+                  f"{max(t or 0 for t in trips):.0f} ns")
         if len(engine_ratios) > 1:
             print(f"the engine alone, the same rounds: {summary(engine_ratios)}; the server's ratio over the "
                   f"engine's, round by round: median "

@@ -64,7 +64,7 @@ LLAMA_BENCH_FIELDS = (
 )
 # what llmedge adds after them
 EXTRA_FIELDS = ("runtime", "isa", "load_ns", "compile_ns", "first_call_ns", "warmup_ns", "peak_rss_bytes", "ratio",
-                "load_avg", "n_parallel")
+                "load_avg", "core_rtt_ns", "n_parallel")
 _BOOL_FIELDS = {"cpu_strict", "no_kv_offload", "embeddings", "no_host"}
 
 # llama.cpp's llama_ftype names (llama_model_ftype_name), keyed by general.file_type
@@ -250,6 +250,7 @@ class BenchResult:
     warmup_ns: int = 0
     ratio: float | None = None  # llmedge t/s over the compared runtime's, on llmedge's rows
     load_avg: float | None = None  # the system's 1-minute load average when the test started
+    core_rtt_ns: float | None = None  # a cache line's round trip between two cores then (core_round_trip)
 
     @property
     def avg_ns(self) -> int:
@@ -290,7 +291,7 @@ class BenchResult:
             "runtime": i.runtime, "isa": i.isa, "load_ns": i.load_ns, "compile_ns": i.compile_ns,
             "first_call_ns": i.first_call_ns,
             "warmup_ns": self.warmup_ns, "peak_rss_bytes": i.peak_rss_bytes, "ratio": self.ratio,
-            "load_avg": self.load_avg, "n_parallel": self.test.n_parallel,
+            "load_avg": self.load_avg, "core_rtt_ns": self.core_rtt_ns, "n_parallel": self.test.n_parallel,
         }
         assert tuple(rec) == LLAMA_BENCH_FIELDS + EXTRA_FIELDS
         return rec
@@ -330,6 +331,17 @@ def load_average() -> float | None:
         return os.getloadavg()[0]
     except (AttributeError, OSError):
         return None
+
+
+def core_round_trip() -> float | None:
+    """A cache line's round trip between two cores (two threads of llmedge's native pool), in ns; None
+    without the native library or with one thread. Where it is several times its low, the cores do not
+    share a cache and multi-sequence steps (``-np``) scale less (:func:`llmedge.backends.native.core_round_trip_ns`)."""
+    try:
+        from llmedge.backends.native import core_round_trip_ns
+    except ImportError:
+        return None
+    return core_round_trip_ns()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -679,9 +691,9 @@ def run_tests(runners: Sequence[Runner], tests: Sequence[BenchTest], params: Ben
     results: list[BenchResult] = []
     for ti, test in enumerate(tests):
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        load = load_average()
-        rows = [BenchResult(r.info, test, params.n_batch, params.n_ubatch, params.kv_type, stamp, load_avg=load)
-                for r in runners]
+        load, rtt = load_average(), core_round_trip()
+        rows = [BenchResult(r.info, test, params.n_batch, params.n_ubatch, params.kv_type, stamp, load_avg=load,
+                            core_rtt_ns=rtt) for r in runners]
         for r in runners:
             r.begin(test, params.n_batch, params.n_ubatch)
         try:
@@ -874,6 +886,10 @@ def format_md(results: Sequence[BenchResult], params: BenchParams | None = None)
         if max(loads) > n_cpu:
             lines.append(f"warning: the load average exceeded the {n_cpu} CPUs: other processes competed for the "
                          "cores and these timings are not reliable (llama.cpp's OpenMP threads suffer most)")
+    rtts = [r.core_rtt_ns for r in results if r.core_rtt_ns is not None]
+    if rtts:
+        lines.append(f"a cache line's round trip between two cores: {min(rtts):.0f} to {max(rtts):.0f} ns "
+                     "(tens of ns where they share a cache; several times that across caches, where -np scales less)")
     builds = sorted({r.info.build_commit for r in results})
     lines += ["", f"build: {', '.join(builds)}"]
     return "\n".join(lines) + "\n"

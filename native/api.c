@@ -312,6 +312,14 @@ int lle_init(int n_threads) {
 
 int lle_n_threads(void) { return lle_pool_threads(); }
 
+double lle_core_round_trip_ns(int rounds) {
+    lle_lock();
+    ensure_init();
+    const double ns = lle_pool_round_trip_ns(rounds);
+    lle_unlock();
+    return ns;
+}
+
 int lle_cpu_features(void) {
     lle_lock();
     ensure_init();

@@ -473,6 +473,9 @@ int lle_pool_threads(void);
 int lle_pool_create(int n_threads);
 void lle_pool_destroy(void);
 void lle_pool_set_spin_us(int us);
+/* the median round trip (ns) of a cache line between thread 0 and a worker, over batches of `rounds`;
+ * 0 with one thread or when no worker joined */
+double lle_pool_round_trip_ns(int rounds);
 void lle_pool_atfork_child(void);
 
 /* dynamic scheduling inside one pool run: counters live in the task context */

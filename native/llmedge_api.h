@@ -18,6 +18,9 @@ void lle_set_spin_us(int us);                /* how long idle workers spin befor
 void lle_set_weight_prefetch(int keep);
 int lle_weight_prefetch(void);
 long long lle_llc_bytes(void);               /* the last-level cache's bytes as the OS reports them; 0 unknown */
+/* the round trip of a cache line between two of the pool's threads, in ns (median of batches of `rounds`):
+ * ~100 where their cores share a cache, several times that across caches; 0 with one thread */
+double lle_core_round_trip_ns(int rounds);
 /* 1 (the default): during a decode step's products, their threads prefetch the next layer's K/V cells */
 void lle_set_kv_prefetch(int on);
 int lle_kv_prefetch(void);

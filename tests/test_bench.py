@@ -81,6 +81,7 @@ def test_markdown_is_llama_bench_table_with_a_row_per_test(smollm2_path: Path) -
         assert float(mean) > 0
     assert re.search(r"^llmedge \(.*2 threads\): load [\d.]+ ms, first call [\d.]+ ms, peak RSS [\d.]+ MiB$",
                      out, re.M)
+    assert re.search(r"^a cache line's round trip between two cores: \d+ to \d+ ns", out, re.M)
     assert re.search(r"^build: llmedge-", out, re.M)
 
 
@@ -101,6 +102,7 @@ def test_json_has_llama_bench_fields_types_and_samples(json_records: list[dict],
         assert r["n_threads"] == 2 and r["n_batch"] == 2048 and r["n_ubatch"] == 512
         assert r["type_k"] == r["type_v"] == "f16"
         assert r["ratio"] is None
+        assert isinstance(r["core_rtt_ns"], float) and r["core_rtt_ns"] > 0  # two threads: measured
         assert r["load_ns"] > 0 and r["first_call_ns"] > 0 and r["warmup_ns"] > 0 and r["peak_rss_bytes"] > 0
         ns = r["samples_ns"]
         assert len(ns) == 2 and all(type(s) is int and s > 0 for s in ns)

@@ -634,6 +634,21 @@ def test_thread_pool_survives_fork(be: NativeBackend) -> None:
     assert np.array_equal(be.matmul(x, w), ref)
 
 
+def test_core_round_trip_is_measured_between_two_pool_threads_and_not_with_one(be: NativeBackend) -> None:
+    """The probe bench and benchmarks/server_concurrency.py print (a cache line bounced between thread 0
+    and a worker): a time with two threads, None with one (nobody to bounce it to)."""
+    from llmedge.backends.native import core_round_trip_ns
+
+    ns = core_round_trip_ns(200)
+    assert ns is not None and 0 < ns < 1e7, ns
+    try:
+        NativeBackend(1)
+        assert core_round_trip_ns(200) is None
+    finally:
+        NativeBackend(2)
+    assert core_round_trip_ns(200) is not None
+
+
 def test_matmul_out_buffer_and_leading_dims(be: NativeBackend) -> None:
     rng = np.random.default_rng(7)
     raw = random_weight(T.Q8_0, 40, 64, rng)

@@ -154,6 +154,21 @@ def kv_prefetch_wanted() -> bool:
     return not (lib.lle_cpu_features() & _CPU_AMD and lib.lle_cpu_family() >= _ZEN5_FAMILY)
 
 
+def core_round_trip_ns(rounds: int = 2000) -> float | None:
+    """The round trip of a cache line between two threads of the native pool, in nanoseconds (the median
+    of 9 batches of ``rounds``), or None with one thread or when no worker joined in time.
+
+    Every phase of a decode step of several sequences ends in such hand-offs (a phase's results, read by
+    the other thread), so this is the machine state that decides how well batching scales. Where the two
+    cores share a cache it is tens of nanoseconds; where the line crosses between caches, several times
+    that. Measured on the 2-vCPU AMD EPYC (Zen 5) VM llmedge is developed on, which moves between both
+    states every few minutes: 34-60 ns while its vCPUs shared a CCD, 354-366 while they sat on different
+    CCDs, when 4 SmolLM2 sequences' aggregate rate over one sequence's went from about 3.2x to 2.6-2.9x
+    (``benchmarks/server_concurrency.py``, which prints this probe with every round)."""
+    ns = float(lib.lle_core_round_trip_ns(int(rounds)))
+    return ns if ns > 0 else None
+
+
 def _weights_changed(address: int, nbytes: int, delta: int) -> None:
     """Count one more (``delta`` 1) or one fewer (-1) weight over the ``nbytes`` at ``address`` (a tied
     output head and the embeddings are one tensor, counted once), and set the prefetch hint for the
