@@ -38,11 +38,13 @@ typedef struct {
 static lle_pool g_pool = {.n_threads = 1, .spin_us = 500,
                           .mutex = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
 
-static uint64_t now_us(void) {
+static uint64_t now_ns_pool(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
+
+static uint64_t now_us(void) { return now_ns_pool() / 1000u; }
 
 typedef struct { int ith; uint32_t gen0; } worker_arg;
 static worker_arg g_args[LLE_MAX_THREADS];
@@ -225,12 +227,6 @@ typedef struct {
     int rounds;
     double batch_ns[RT_BATCHES];
 } round_trip_ctx;
-
-static uint64_t now_ns_pool(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 /* spin until *p reaches want (or -1); 0 when it did, -1 on an abort or after 100 ms */
 static int rt_wait(int64_t *p, int64_t want) {
