@@ -217,14 +217,6 @@ def summary(ratios: list[float]) -> str:
             f"{sum(r >= 3.0 for r in ratios)} at 3.0x or more")
 
 
-def core_round_trip() -> float | None:
-    """A cache line's round trip between two of llmedge's native pool threads in this process, in ns."""
-    from llmedge.backends.native import NativeBackend, core_round_trip_ns
-
-    NativeBackend()  # the pool, one thread per physical core (as the server's)
-    return core_round_trip_ns()
-
-
 def by_state(ratios: list[float], trips: list[float | None]) -> list[str]:
     """Where the rounds' core round trips differ by more than 3x (the cores sharing a cache in some rounds,
     not in others): the ratios of the rounds within 2x of the lowest round trip, and of the others."""
@@ -360,9 +352,12 @@ def main() -> None:
         ratios: list[float] = []  # the plain server's, round by round
         engine = EngineRounds(args) if args.engine else None
         engine_ratios: list[float] = []  # the engine alone's, each right after that round's server rounds
+        from llmedge.backends.native import NativeBackend, core_round_trip_ns
+
+        NativeBackend()  # this process's pool, for the probe: one thread per physical core, as the server's
         trips: list[float | None] = []  # the cores' round trip before each round
         for k in range(args.repeat):
-            trips.append(core_round_trip())
+            trips.append(core_round_trip_ns())
             print(f"round {k + 1}: a cache line's round trip between two cores {trips[-1] or 0:.0f} ns")
             # with two servers, which goes first alternates (A B, B A, ...): the machine's speed drifts
             order = list(range(len(servers))) if k % 2 == 0 else list(range(len(servers)))[::-1]

@@ -337,10 +337,8 @@ def core_round_trip() -> float | None:
     """A cache line's round trip between two cores (two threads of llmedge's native pool), in ns; None
     without the native library or with one thread. Where it is several times its low, the cores do not
     share a cache and multi-sequence steps (``-np``) scale less (:func:`llmedge.backends.native.core_round_trip_ns`)."""
-    try:
-        from llmedge.backends.native import core_round_trip_ns
-    except ImportError:
-        return None
+    from llmedge.backends.native import core_round_trip_ns
+
     return core_round_trip_ns()
 
 

@@ -228,7 +228,8 @@ typedef struct {
     double batch_ns[RT_BATCHES];
 } round_trip_ctx;
 
-/* spin until *p reaches want (or -1); 0 when it did, -1 on an abort or after 100 ms */
+/* spin until *p reaches want (or -1); 0 when it did, -1 on an abort or after 100 ms. No pause between
+ * loads: its delay would be part of the time measured */
 static int rt_wait(int64_t *p, int64_t want) {
     const uint64_t t0 = now_ns_pool();
     for (uint32_t iter = 1;; iter++) {

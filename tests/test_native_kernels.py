@@ -649,6 +649,16 @@ def test_core_round_trip_is_measured_between_two_pool_threads_and_not_with_one(b
     assert core_round_trip_ns(200) is not None
 
 
+def test_core_round_trip_without_the_native_library_is_none(monkeypatch) -> None:
+    """llmedge bench records the probe whatever the backend: where the C build is missing it has no value
+    (it raised AttributeError on the missing library before)."""
+    from llmedge import bench
+    from llmedge.backends import native
+
+    monkeypatch.setattr(native, "lib", None)
+    assert native.core_round_trip_ns() is None and bench.core_round_trip() is None
+
+
 def test_matmul_out_buffer_and_leading_dims(be: NativeBackend) -> None:
     rng = np.random.default_rng(7)
     raw = random_weight(T.Q8_0, 40, 64, rng)

@@ -156,7 +156,8 @@ def kv_prefetch_wanted() -> bool:
 
 def core_round_trip_ns(rounds: int = 2000) -> float | None:
     """The round trip of a cache line between two threads of the native pool, in nanoseconds (the median
-    of 9 batches of ``rounds``), or None with one thread or when no worker joined in time.
+    of 9 batches of ``rounds``), or None without the native library, with one thread, or when no worker
+    joined in time.
 
     Every phase of a decode step of several sequences ends in such hand-offs (a phase's results, read by
     the other thread), so this is the machine state that decides how well batching scales. Where the two
@@ -165,6 +166,8 @@ def core_round_trip_ns(rounds: int = 2000) -> float | None:
     states every few minutes: 34-60 ns while its vCPUs shared a CCD, 354-366 while they sat on different
     CCDs, when 4 SmolLM2 sequences' aggregate rate over one sequence's went from about 3.2x to 2.6-2.9x
     (``benchmarks/server_concurrency.py``, which prints this probe with every round)."""
+    if not NativeBackend.available():
+        return None
     ns = float(lib.lle_core_round_trip_ns(int(rounds)))
     return ns if ns > 0 else None
 
